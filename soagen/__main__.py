@@ -1,0 +1,3 @@
+from soagen.cli import main
+
+raise SystemExit(main())

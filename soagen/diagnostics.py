@@ -1,0 +1,137 @@
+"""Problems found in schemas, as structured data with coordinates.
+
+Every check returns `Diagnostic`s rather than raising, so one run reports all of them together. Each
+code has one row in `CODES`: the table is the reference `soagen explain` and the README print.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where something is in a schema file: 1-based line and column, end exclusive."""
+
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    code: str
+    message: str
+    span: Span
+    hint: str | None = None
+    severity: str = "error"
+    # Other places the message refers to (the first declaration of a duplicate, say).
+    related: tuple[tuple[str, Span], ...] = field(default=())
+
+    def sort_key(self) -> tuple[str, int, int, str]:
+        return (self.span.path, self.span.line, self.span.column, self.code)
+
+
+class SchemaError(Exception):
+    """Raised by the loading API when a schema has errors; carries all of them."""
+
+    def __init__(self, diagnostics: list[Diagnostic], sources: Mapping[str, str]) -> None:
+        self.diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
+        self.sources = dict(sources)
+        super().__init__(render_text(self.diagnostics, self.sources, color=False))
+
+
+# code -> one-line purpose. Codes are stable: tools may match on them.
+CODES: dict[str, str] = {
+    "SOA001": "syntax error: the text does not follow the .soa grammar",
+    "SOA002": "a file cannot be read",
+    "SOA101": "unknown dtype",
+    "SOA102": "unknown layout",
+    "SOA103": "unknown member in a block",
+    "SOA104": "duplicate layout or model name",
+    "SOA105": "duplicate member name in a layout",
+    "SOA106": "duplicate binding name in a model",
+    "SOA107": "a name is reserved: a Python keyword, or a member of the generated class",
+    "SOA108": "a name would collide with another generated name",
+    "SOA109": "a layout declares `align` more than once",
+    "SOA110": "a layout or model is empty",
+    "SOA201": "alignment is not a power of two",
+    "SOA202": "alignment is smaller than the largest item",
+    "SOA203": "array shape has a zero or negative extent",
+    "SOA204": "a number is too large",
+    "SOA301": "a block mixes dtypes",
+    "SOA302": "a block mixes array shapes",
+    "SOA303": "the columns of a block are not adjacent in memory",
+    "SOA304": "the columns of a block are not in declaration order",
+    "SOA305": "a block names a member twice",
+    "SOA306": "a block mixes columns and scalars",
+    "SOA307": "the axis list does not match the block",
+    "SOA308": "two models declare different blocks under one name on the same layout",
+    "SOA401": "an imported file does not exist",
+    "SOA402": "imports form a cycle",
+    "SOA403": "a name is declared in two files",
+}
+
+
+def _caret_line(source_line: str, span: Span) -> str:
+    width = span.end_column - span.column if span.end_line == span.line else 1
+    width = max(1, min(width, len(source_line) - span.column + 2))
+    # Tabs stay tabs so the caret lines up in a terminal.
+    prefix = "".join(ch if ch == "\t" else " " for ch in source_line[: span.column - 1])
+    return prefix + "^" * width
+
+
+def render_one(diagnostic: Diagnostic, sources: Mapping[str, str], color: bool = False) -> str:
+    span = diagnostic.span
+    bold, red, blue, reset = ("\x1b[1m", "\x1b[31m", "\x1b[34m", "\x1b[0m") if color else ("",) * 4
+    head = (
+        f"{bold}{span.path}:{span.line}:{span.column}: {red}{diagnostic.severity}"
+        f"[{diagnostic.code}]{reset}{bold}: {diagnostic.message}{reset}"
+    )
+    lines = [head]
+    text = sources.get(span.path)
+    if text is not None:
+        source_lines = text.splitlines()
+        if 1 <= span.line <= len(source_lines):
+            source_line = source_lines[span.line - 1]
+            gutter = f"{span.line} | "
+            lines.append(f"{blue}{gutter}{reset}{source_line}")
+            lines.append(" " * len(gutter) + f"{red}{_caret_line(source_line, span)}{reset}")
+    for note, where in diagnostic.related:
+        lines.append(f"  note: {note} at {where.path}:{where.line}:{where.column}")
+    if diagnostic.hint:
+        lines.append(f"  hint: {diagnostic.hint}")
+    return "\n".join(lines)
+
+
+def render_text(
+    diagnostics: Iterable[Diagnostic], sources: Mapping[str, str], color: bool = False
+) -> str:
+    return "\n".join(render_one(d, sources, color) for d in diagnostics)
+
+
+def to_json_object(diagnostic: Diagnostic) -> dict[str, object]:
+    span = diagnostic.span
+    return {
+        "code": diagnostic.code,
+        "severity": diagnostic.severity,
+        "message": diagnostic.message,
+        "hint": diagnostic.hint,
+        "path": span.path,
+        "line": span.line,
+        "column": span.column,
+        "end_line": span.end_line,
+        "end_column": span.end_column,
+        "related": [
+            {"message": note, "path": where.path, "line": where.line, "column": where.column}
+            for note, where in diagnostic.related
+        ],
+    }
+
+
+def render_json(diagnostics: Iterable[Diagnostic]) -> str:
+    return json.dumps({"diagnostics": [to_json_object(d) for d in diagnostics]}, indent=2)

@@ -1,0 +1,388 @@
+"""Semantic checks. Each pass takes IR and returns diagnostics; none raises, so a run reports every problem.
+
+Passes, in order: names (reserved words, duplicates), layouts (dtypes, shapes, alignment), models
+(layouts and members exist, blocks are zero-copy, axis lists match). The loader adds the import checks.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from soagen.diagnostics import Diagnostic, Span
+from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind, Model, SchemaFile
+from soagen.dtypes import DTYPE_SPELLINGS, DTYPES
+from soagen.layout import default_axes
+from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES, is_python_keyword
+
+# Beyond these the generated arithmetic still works, but such a schema is a typo, not a design.
+MAX_ALIGN = 1 << 20
+MAX_COEFFICIENTS = 1 << 24
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f"did you mean `{matches[0]}`?" if matches else None
+
+
+def _name_problems(name: str, span: Span, what: str, reserved: frozenset[str]) -> list[Diagnostic]:
+    if not name.isascii():
+        return [Diagnostic("SOA107", f"{what} `{name}` is not ASCII", span, "names use ASCII letters, digits and `_`")]
+    if name.startswith("_"):
+        return [
+            Diagnostic(
+                "SOA107",
+                f"{what} `{name}` starts with `_`",
+                span,
+                "names starting with `_` are reserved for the generated code",
+            )
+        ]
+    if is_python_keyword(name):
+        return [Diagnostic("SOA107", f"{what} `{name}` is a Python keyword", span, "choose another name")]
+    if name in reserved:
+        return [
+            Diagnostic(
+                "SOA107",
+                f"{what} `{name}` is reserved: every generated class has a member `{name}`",
+                span,
+                "choose another name",
+            )
+        ]
+    return []
+
+
+def check_names(schema_file: SchemaFile) -> list[Diagnostic]:
+    """Reserved names, and duplicates among the layouts and models of one file and inside each."""
+    problems: list[Diagnostic] = []
+    seen: dict[str, Span] = {}
+    for declaration in (*schema_file.layouts, *schema_file.models):
+        what = "layout" if isinstance(declaration, Layout) else "model"
+        problems += _name_problems(declaration.name, declaration.span, f"{what} name", frozenset())
+        if declaration.name in seen:
+            problems.append(
+                Diagnostic(
+                    "SOA104",
+                    f"`{declaration.name}` is declared twice",
+                    declaration.span,
+                    related=(("first declared", seen[declaration.name]),),
+                )
+            )
+        else:
+            seen[declaration.name] = declaration.span
+    for layout in schema_file.layouts:
+        members: dict[str, Span] = {}
+        for member in layout.members:
+            problems += _name_problems(member.name, member.span, "member", COLLECTION_ATTRIBUTES)
+            if member.name in members:
+                problems.append(
+                    Diagnostic(
+                        "SOA105",
+                        f"`{layout.name}` declares `{member.name}` twice",
+                        member.span,
+                        related=(("first declared", members[member.name]),),
+                    )
+                )
+            else:
+                members[member.name] = member.span
+    for model in schema_file.models:
+        bindings: dict[str, Span] = {}
+        for binding in model.bindings:
+            problems += _name_problems(binding.name, binding.span, "binding", MODEL_ATTRIBUTES)
+            if binding.name in bindings:
+                problems.append(
+                    Diagnostic(
+                        "SOA106",
+                        f"`{model.name}` declares `{binding.name}` twice",
+                        binding.span,
+                        related=(("first declared", bindings[binding.name]),),
+                    )
+                )
+            else:
+                bindings[binding.name] = binding.span
+    return problems
+
+
+def _check_member_type(member: Member) -> list[Diagnostic]:
+    problems: list[Diagnostic] = []
+    if member.dtype_name not in DTYPES:
+        hint = (
+            f"write `{DTYPE_SPELLINGS[member.dtype_name]}`"
+            if member.dtype_name in DTYPE_SPELLINGS
+            else _suggest(member.dtype_name, DTYPES)
+        )
+        known = ", ".join(DTYPES)
+        problems.append(
+            Diagnostic(
+                "SOA101",
+                f"unknown dtype `{member.dtype_name}`",
+                member.dtype_span,
+                hint or f"dtypes are {known}",
+            )
+        )
+    if member.kind is MemberKind.SCALAR and member.shape:
+        problems.append(
+            Diagnostic(
+                "SOA203",
+                f"scalar `{member.name}` has an array shape",
+                member.dtype_span,
+                "scalars hold one value per collection; declare an array column instead",
+            )
+        )
+    elif any(extent <= 0 for extent in member.shape):
+        problems.append(
+            Diagnostic(
+                "SOA203",
+                f"array shape {list(member.shape)} of `{member.name}` has a zero or negative extent",
+                member.dtype_span,
+                "every extent must be at least 1",
+            )
+        )
+    elif member.coefficient_count > MAX_COEFFICIENTS:
+        problems.append(
+            Diagnostic(
+                "SOA204",
+                f"array shape {list(member.shape)} of `{member.name}` has "
+                f"{member.coefficient_count} values per element",
+                member.dtype_span,
+                f"at most {MAX_COEFFICIENTS} are allowed",
+            )
+        )
+    return problems
+
+
+def check_layout(layout: Layout) -> list[Diagnostic]:
+    problems: list[Diagnostic] = []
+    if not layout.members:
+        problems.append(Diagnostic("SOA110", f"layout `{layout.name}` has no members", layout.span))
+    for _, span in layout.align_statements[1:]:
+        problems.append(
+            Diagnostic(
+                "SOA109",
+                f"layout `{layout.name}` declares `align` more than once",
+                span,
+                related=(("first declared", layout.align_statements[0][1]),),
+            )
+        )
+    for member in layout.members:
+        problems += _check_member_type(member)
+    align_span = layout.align_statements[0][1] if layout.align_statements else layout.span
+    align = layout.align
+    if align <= 0 or align & (align - 1):
+        problems.append(
+            Diagnostic(
+                "SOA201",
+                f"alignment {align} of `{layout.name}` is not a power of two",
+                align_span,
+                "CMSSW aligns columns to powers of two; 128 is its default",
+            )
+        )
+    elif align > MAX_ALIGN:
+        problems.append(
+            Diagnostic("SOA204", f"alignment {align} is too large", align_span, f"at most {MAX_ALIGN}")
+        )
+    else:
+        typed = [m for m in layout.members if m.dtype_name in DTYPES]
+        largest = max(typed, key=lambda m: m.itemsize, default=None)
+        if largest is not None and largest.itemsize > align:
+            problems.append(
+                Diagnostic(
+                    "SOA202",
+                    f"alignment {align} of `{layout.name}` is smaller than `{largest.name}` "
+                    f"({largest.dtype_name}, {largest.itemsize} bytes)",
+                    align_span,
+                    f"use at least `align {largest.itemsize}`",
+                )
+            )
+    return problems
+
+
+def _check_block(binding: Binding, layout: Layout) -> list[Diagnostic]:
+    """A block is one strided view: members exist, share dtype, shape and kind, adjacent and in order."""
+    problems: list[Diagnostic] = []
+    members: list[Member] = []
+    seen: set[str] = set()
+    for name, span in zip(binding.member_names, binding.member_spans, strict=True):
+        member = layout.member(name)
+        if member is None:
+            hint = _suggest(name, [m.name for m in layout.members])
+            problems.append(Diagnostic("SOA103", f"`{layout.name}` has no member `{name}`", span, hint))
+        elif name in seen:
+            problems.append(Diagnostic("SOA305", f"block names `{name}` twice", span))
+        else:
+            seen.add(name)
+            members.append(member)
+    if problems or not members:
+        return problems
+    first = members[0]
+    for member, span in zip(members[1:], binding.member_spans[1:], strict=False):
+        if member.kind is not first.kind:
+            problems.append(
+                Diagnostic(
+                    "SOA306",
+                    f"block mixes {first.kind.value} `{first.name}` and {member.kind.value} `{member.name}`",
+                    span,
+                    "a scalar broadcasts over elements and has its own pitch; bind scalars separately",
+                )
+            )
+        elif member.dtype_name != first.dtype_name:
+            problems.append(
+                Diagnostic(
+                    "SOA301",
+                    f"block mixes dtypes: `{first.name}` is {first.dtype_name}, "
+                    f"`{member.name}` is {member.dtype_name}",
+                    span,
+                    "one tensor has one dtype; bind these columns as separate inputs",
+                )
+            )
+        elif member.shape != first.shape:
+            problems.append(
+                Diagnostic(
+                    "SOA302",
+                    f"block mixes shapes: `{first.name}` is {list(first.shape)}, "
+                    f"`{member.name}` is {list(member.shape)}",
+                    span,
+                    "bind these columns as separate inputs",
+                )
+            )
+    if problems:
+        return problems
+    positions = sorted(layout.index(m.name) for m in members)
+    block_text = ", ".join(binding.member_names)
+    if positions[-1] - positions[0] + 1 != len(positions):
+        between = [
+            m.name
+            for m in layout.members[positions[0] : positions[-1] + 1]
+            if m.name not in binding.member_names
+        ]
+        problems.append(
+            Diagnostic(
+                "SOA303",
+                f"block `{layout.name}{{{block_text}}}` is not zero-copy: "
+                f"{', '.join(f'`{n}`' for n in between)} lie between its columns",
+                binding.member_spans[0],
+                f"reorder the columns of {layout.name} so that {block_text} are adjacent",
+            )
+        )
+    elif [layout.index(m.name) for m in members] != positions:
+        in_order = ", ".join(layout.members[p].name for p in positions)
+        problems.append(
+            Diagnostic(
+                "SOA304",
+                f"block `{layout.name}{{{block_text}}}` lists its columns out of declaration order",
+                binding.member_spans[0],
+                f"write `{layout.name}{{{in_order}}}`, or reorder the columns of {layout.name}",
+            )
+        )
+    if not problems:
+        problems += _check_axes(binding, first)
+    return problems
+
+
+def _check_axes(binding: Binding, member: Member) -> list[Diagnostic]:
+    if binding.axes is None:
+        return []
+    span = binding.axes_span or binding.span
+    expected = default_axes(len(binding.member_names), member.shape)
+    written = [axis.text for axis in binding.axes]
+    example = "[" + ", ".join(expected) + "]"
+    for axis in binding.axes:
+        if axis.kind is AxisKind.UNKNOWN:
+            return [
+                Diagnostic(
+                    "SOA307",
+                    f"unknown axis `{axis.text}`",
+                    axis.span,
+                    f"axes are `n` (elements), `c` (columns of the block) or array extents, e.g. {example}",
+                )
+            ]
+    for letter, meaning in (("n", "elements"), ("c", "columns")):
+        hits = [axis for axis in binding.axes if axis.text == letter]
+        if len(hits) > 1:
+            return [Diagnostic("SOA307", f"axis `{letter}` ({meaning}) appears twice", hits[1].span)]
+    if "n" not in written:
+        return [Diagnostic("SOA307", "the axis list has no `n` (elements) axis", span, f"e.g. as {example}")]
+    if len(binding.member_names) > 1 and "c" not in written:
+        return [
+            Diagnostic(
+                "SOA307",
+                f"the block has {len(binding.member_names)} columns but the axis list has no `c`",
+                span,
+                f"e.g. as {example}",
+            )
+        ]
+    extents = [int(axis.text) for axis in binding.axes if axis.kind is AxisKind.ARRAY]
+    if tuple(extents) != member.shape:
+        shape_text = f"shape {list(member.shape)}" if member.shape else "no array shape"
+        return [
+            Diagnostic(
+                "SOA307",
+                f"the axis list has extents {extents} but `{member.name}` has {shape_text}",
+                span,
+                f"write the array extents in declared order, e.g. as {example}",
+            )
+        ]
+    return []
+
+
+def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
+    problems: list[Diagnostic] = []
+    if not model.inputs:
+        problems.append(Diagnostic("SOA110", f"model `{model.name}` has no input", model.span))
+    if not model.outputs:
+        problems.append(Diagnostic("SOA110", f"model `{model.name}` has no output", model.span))
+    for binding in model.bindings:
+        layout = layouts.get(binding.layout_name)
+        if layout is None:
+            problems.append(
+                Diagnostic(
+                    "SOA102",
+                    f"unknown layout `{binding.layout_name}`",
+                    binding.layout_span,
+                    _suggest(binding.layout_name, layouts)
+                    or "declare it in this file or import the file that does",
+                )
+            )
+            continue
+        problems += _check_block(binding, layout)
+    return problems
+
+
+def check_block_names(models: Iterable[Model]) -> list[Diagnostic]:
+    """Blocks are reachable by binding name from their layout, so one name means one block per layout."""
+    problems: list[Diagnostic] = []
+    seen: dict[tuple[str, str], Binding] = {}
+    for model in models:
+        for binding in model.bindings:
+            key = (binding.layout_name, binding.name)
+            earlier = seen.get(key)
+            if earlier is None:
+                seen[key] = binding
+            elif (earlier.member_names, _axes_text(earlier)) != (
+                binding.member_names,
+                _axes_text(binding),
+            ):
+                problems.append(
+                    Diagnostic(
+                        "SOA308",
+                        f"`{binding.name}` names two different blocks of `{binding.layout_name}`",
+                        binding.span,
+                        "give one of the bindings another name",
+                        related=(("the other one", earlier.span),),
+                    )
+                )
+    return problems
+
+
+def _axes_text(binding: Binding) -> tuple[str, ...] | None:
+    return None if binding.axes is None else tuple(axis.text for axis in binding.axes)
+
+
+def check_file(schema_file: SchemaFile, visible_layouts: dict[str, Layout]) -> list[Diagnostic]:
+    """Every pass over one file; `visible_layouts` holds its own layouts and the imported ones."""
+    problems = check_names(schema_file)
+    for layout in schema_file.layouts:
+        problems += check_layout(layout)
+    for model in schema_file.models:
+        problems += check_model(model, visible_layouts)
+    problems += check_block_names(schema_file.models)
+    return problems

@@ -1,0 +1,173 @@
+"""The schema IR: frozen dataclasses, built by the parser, checked by the passes, read by the generator.
+
+Nothing here computes byte layouts: that is `soagen.layout`, pure functions over these classes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from soagen.diagnostics import Span
+from soagen.dtypes import DTYPES, DType
+
+# CMSSW's default: the cache line of the largest GPUs.
+DEFAULT_ALIGN = 128
+
+
+class MemberKind(str, Enum):
+    COLUMN = "column"
+    SCALAR = "scalar"
+
+
+class Direction(str, Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+
+
+class AxisKind(str, Enum):
+    ELEMENTS = "n"  # one entry per element of the collection
+    COLUMNS = "c"  # one entry per member of the block
+    ARRAY = "array"  # one extent of an array column, written as its size
+    UNKNOWN = "unknown"  # any other word: reported by the checker
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    name: str
+    kind: MemberKind
+    dtype_name: str
+    shape: tuple[int, ...]
+    doc: str | None
+    span: Span
+    dtype_span: Span
+
+    @property
+    def dtype(self) -> DType:
+        return DTYPES[self.dtype_name]
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def coefficient_count(self) -> int:
+        """Values per element: 1 for a plain column or scalar, prod(shape) for an array column."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    name: str
+    # Every `align` statement with its value; the checker reports more than one.
+    align_statements: tuple[tuple[int, Span], ...]
+    members: tuple[Member, ...]
+    doc: str | None
+    span: Span
+    path: str
+
+    @property
+    def align(self) -> int:
+        return self.align_statements[0][0] if self.align_statements else DEFAULT_ALIGN
+
+    def member(self, name: str) -> Member | None:
+        for member in self.members:
+            if member.name == name:
+                return member
+        return None
+
+    def index(self, name: str) -> int:
+        return [member.name for member in self.members].index(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    text: str  # as written: `n`, `c` or an array extent
+    span: Span
+
+    @property
+    def kind(self) -> AxisKind:
+        if self.text == "n":
+            return AxisKind.ELEMENTS
+        if self.text == "c":
+            return AxisKind.COLUMNS
+        if self.text.lstrip("+-").isdigit():
+            return AxisKind.ARRAY
+        return AxisKind.UNKNOWN
+
+    @property
+    def size(self) -> int | None:
+        return int(self.text) if self.kind is AxisKind.ARRAY else None
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    direction: Direction
+    name: str
+    layout_name: str
+    member_names: tuple[str, ...]
+    # None where the schema left out `as [...]`: the default order is n, c (if several), array extents.
+    axes: tuple[Axis, ...] | None
+    doc: str | None
+    span: Span
+    layout_span: Span
+    member_spans: tuple[Span, ...]
+    axes_span: Span | None
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    bindings: tuple[Binding, ...]
+    doc: str | None
+    span: Span
+    path: str
+
+    @property
+    def inputs(self) -> tuple[Binding, ...]:
+        return tuple(b for b in self.bindings if b.direction is Direction.INPUT)
+
+    @property
+    def outputs(self) -> tuple[Binding, ...]:
+        return tuple(b for b in self.bindings if b.direction is Direction.OUTPUT)
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    target: str  # as written, relative to the importing file
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaFile:
+    path: str  # as given to soagen, used in diagnostics and the generated header
+    doc: str | None
+    imports: tuple[Import, ...]
+    layouts: tuple[Layout, ...]
+    models: tuple[Model, ...]
+
+    @property
+    def module_name(self) -> str:
+        stem = self.path.replace("\\", "/").rsplit("/", 1)[-1]
+        return stem[: -len(".soa")] if stem.endswith(".soa") else stem
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """A checked schema file together with every file it imports, in dependency order."""
+
+    root: SchemaFile
+    files: tuple[SchemaFile, ...]  # dependencies first, root last
+    # Resolved path of each import target, keyed by (importing file, target as written).
+    import_paths: tuple[tuple[str, str, str], ...]
+
+    @property
+    def layouts(self) -> dict[str, Layout]:
+        return {layout.name: layout for f in self.files for layout in f.layouts}
+
+    def file_of_layout(self, name: str) -> SchemaFile:
+        for f in self.files:
+            if any(layout.name == name for layout in f.layouts):
+                return f
+        raise KeyError(name)

@@ -1,0 +1,326 @@
+"""IR to Python: one module per schema file, from `templates/module.py.jinja`.
+
+Everything the template prints is decided here, as plain strings and lists, so the template holds only
+loops and lookups. Output depends on the schema alone: same input, same bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jinja2
+
+import soagen
+from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema, SchemaFile
+from soagen.generator.pyformat import INDENT, call, docstring, string_literal, tuple_literal
+from soagen.layout import Linear, Stride, ViewForm, block_axes, block_view, byte_size, member_offsets, member_view
+
+RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
+
+
+@dataclass(frozen=True, slots=True)
+class Function:
+    """A generated static method: its pitch and stride definitions, then its result."""
+
+    name: str
+    returns: str
+    doc: str
+    definitions: tuple[str, ...]
+    body: tuple[str, ...]  # lines of the return statement, indented
+
+
+@dataclass(frozen=True, slots=True)
+class Accessor:
+    name: str
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutModel:
+    name: str
+    doc: str
+    class_attributes: tuple[str, ...]
+    functions: tuple[Function, ...]
+    blocks: tuple[str, ...]
+    accessors: tuple[Accessor, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelModel:
+    name: str
+    doc: str
+    class_attributes: tuple[str, ...]
+    functions: tuple[Function, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+class _Symbols:
+    """Collects the pitch and stride names an expression uses, to define exactly those."""
+
+    def __init__(self, align: int) -> None:
+        self.align = align
+        self.pitches: set[int] = set()
+        self.strides: set[int] = set()
+
+    def linear(self, form: Linear) -> str:
+        parts = []
+        for itemsize, coefficient in form.terms:
+            self.pitches.add(itemsize)
+            parts.append(f"pitch_{itemsize}" if coefficient == 1 else f"{coefficient} * pitch_{itemsize}")
+        if form.constant or not parts:
+            parts.append(str(form.constant))
+        return " + ".join(parts)
+
+    def stride(self, stride: Stride) -> str:
+        parts = []
+        if stride.coefficient:
+            self.pitches.add(stride.itemsize)
+            self.strides.add(stride.itemsize)
+            name = f"stride_{stride.itemsize}"
+            parts.append(name if stride.coefficient == 1 else f"{stride.coefficient} * {name}")
+        if stride.constant or not parts:
+            parts.append(str(stride.constant))
+        return " + ".join(parts)
+
+    def view(self, form: ViewForm) -> list[str]:
+        shape = tuple_literal(["n" if extent is None else str(extent) for extent in form.shape])
+        strides = tuple_literal([self.stride(stride) for stride in form.strides])
+        return [string_literal(form.dtype), "()" if not form.shape else shape, "()" if not form.strides else strides, self.linear(form.offset)]
+
+    def definitions(self) -> tuple[str, ...]:
+        # Pitches are CMSSW's padded column sizes in bytes; strides the same in elements.
+        lines = [
+            f"pitch_{size} = (n * {size} + {self.align - 1}) // {self.align} * {self.align}"
+            for size in sorted(self.pitches)
+        ]
+        lines += [f"stride_{size} = pitch_{size} // {size}" for size in sorted(self.strides)]
+        return tuple(lines)
+
+
+_BODY = INDENT * 2  # statements inside a generated static method
+
+
+def _dict_body(entries: list[tuple[str, str, list[str] | None]]) -> tuple[str, ...]:
+    """`return {key: value, ...}` one entry per line; a value with arguments is a StridedView call."""
+    lines = [f"{_BODY}return {{"]
+    for key, value, arguments in entries:
+        head = f"{string_literal(key)}: {value}"
+        if arguments is None:
+            lines.append(f"{_BODY}{INDENT}{head},")
+        else:
+            lines.append(call(head, arguments, _BODY + INDENT, tail=","))
+    lines.append(f"{_BODY}}}")
+    return tuple(lines)
+
+
+def _view_function(name: str, doc: str, align: int, form: ViewForm) -> Function:
+    symbols = _Symbols(align)
+    arguments = symbols.view(form)
+    body = call(f"return {RUNTIME}.StridedView", arguments, _BODY)
+    return Function(name, f"{RUNTIME}.StridedView", doc, symbols.definitions(), tuple(body.split("\n")))
+
+
+def _member_doc(layout: Layout, name: str) -> str:
+    member = layout.member(name)
+    assert member is not None
+    shape = "[n" + "".join(f", {extent}" for extent in member.shape) + "]"
+    what = "Scalar" if member.kind is MemberKind.SCALAR else ("Array column" if member.shape else "Column")
+    view = "0-d view" if member.kind is MemberKind.SCALAR else f"{shape} view"
+    summary = f"{what} `{member.name}`: {member.dtype_name}, a {view} of the buffer."
+    return summary + (f"\n\n{member.doc}" if member.doc else "")
+
+
+def _layout_doc(layout: Layout) -> str:
+    rows = []
+    for member in layout.members:
+        shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
+        rows.append(f"    {member.name}: {member.kind.value} {member.dtype_name}{shape}")
+    header = layout.doc or f"The {layout.name} collection."
+    return f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n" + "\n".join(rows)
+
+
+def _block_spec(binding: Binding, layout: Layout, view: str) -> list[str]:
+    first = layout.member(binding.member_names[0])
+    assert first is not None
+    return [
+        string_literal(binding.name),
+        string_literal(layout.name),
+        tuple_literal([string_literal(name) for name in binding.member_names]),
+        string_literal(first.dtype_name),
+        tuple_literal([string_literal(axis) for axis in block_axes(binding, first)]),
+        view,
+    ]
+
+
+def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
+    align = layout.align
+    offsets_symbols = _Symbols(align)
+    offsets = member_offsets(layout)
+    offsets_entries: list[tuple[str, str, list[str] | None]] = [
+        (name, offsets_symbols.linear(offset), None) for name, offset in offsets.items()
+    ]
+    size_symbols = _Symbols(align)
+    size_expression = size_symbols.linear(byte_size(layout))
+    views_symbols = _Symbols(align)
+    view_entries: list[tuple[str, str, list[str] | None]] = [
+        (member.name, f"{RUNTIME}.StridedView", views_symbols.view(member_view(layout, member)))
+        for member in layout.members
+    ]
+    functions = [
+        Function(
+            "offsets",
+            "dict[str, int]",
+            "Byte offset of every member from the start of the buffer, for n elements.",
+            offsets_symbols.definitions(),
+            _dict_body(offsets_entries),
+        ),
+        Function(
+            "byte_size",
+            "int",
+            "Bytes of one buffer holding n elements: the sum of every member's pitch.",
+            size_symbols.definitions(),
+            (f"{_BODY}return {size_expression}",),
+        ),
+        Function(
+            "member_views",
+            f"dict[str, {RUNTIME}.StridedView]",
+            "Geometry of every member's tensor view, for n elements.",
+            views_symbols.definitions(),
+            _dict_body(view_entries),
+        ),
+    ]
+    blocks = []
+    for binding in _blocks_of(layout, schema_file):
+        function_name = f"_view_{binding.name}"
+        functions.append(
+            _view_function(
+                function_name,
+                f"Geometry of block `{binding.name}` for n elements.",
+                align,
+                block_view(layout, binding),
+            )
+        )
+        blocks.append(call(f"{string_literal(binding.name)}: {RUNTIME}.BlockSpec", _block_spec(binding, layout, function_name), INDENT * 2, tail=","))
+    members = [
+        call(
+            f"{RUNTIME}.MemberSpec",
+            [
+                string_literal(member.name),
+                string_literal(member.kind.value),
+                string_literal(member.dtype_name),
+                tuple_literal([str(extent) for extent in member.shape]) if member.shape else "()",
+                string_literal(member.doc or ""),
+            ],
+            INDENT * 2,
+            tail=",",
+        )
+        for member in layout.members
+    ]
+    class_attributes = (
+        f"NAME: _typing.ClassVar[str] = {string_literal(layout.name)}",
+        f"SCHEMA: _typing.ClassVar[str] = {string_literal(schema_file.path)}",
+        f"ALIGNMENT: _typing.ClassVar[int] = {align}",
+        f"MEMBERS: _typing.ClassVar[tuple[{RUNTIME}.MemberSpec, ...]] = (\n"
+        + "\n".join(members)
+        + f"\n{INDENT})",
+    )
+    accessors = tuple(Accessor(member.name, _member_doc(layout, member.name)) for member in layout.members)
+    return LayoutModel(
+        layout.name,
+        docstring(_layout_doc(layout), INDENT),
+        class_attributes,
+        tuple(functions),
+        tuple(blocks),
+        tuple(Accessor(a.name, docstring(a.doc, INDENT * 2)) for a in accessors),
+    )
+
+
+def _blocks_of(layout: Layout, schema_file: SchemaFile) -> list[Binding]:
+    """Blocks of `layout` declared in its own file, once per name (the checker made duplicates equal)."""
+    seen: dict[str, Binding] = {}
+    for model in schema_file.models:
+        for binding in model.bindings:
+            if binding.layout_name == layout.name and binding.name not in seen:
+                seen[binding.name] = binding
+    return list(seen.values())
+
+
+def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> ModelModel:
+    functions = []
+    specs: dict[str, list[str]] = {"input": [], "output": []}
+    local_layouts = {layout.name for layout in schema_file.layouts}
+    for binding in model.bindings:
+        layout = schema.layouts[binding.layout_name]
+        if binding.layout_name in local_layouts:
+            block = f"{binding.layout_name}.BLOCKS[{string_literal(binding.name)}]"
+        else:
+            # A layout from another file: its class knows only the blocks of its own file.
+            function_name = f"_view_{binding.name}"
+            functions.append(
+                _view_function(
+                    function_name,
+                    f"Geometry of block `{binding.name}` of {layout.name} for n elements.",
+                    layout.align,
+                    block_view(layout, binding),
+                )
+            )
+            block = call(f"{RUNTIME}.BlockSpec", _block_spec(binding, layout, function_name), "")
+        arguments = [string_literal(binding.name), string_literal(binding.direction.value), block]
+        specs[binding.direction.value].append(call(f"{RUNTIME}.BindingSpec", arguments, INDENT * 2, tail=","))
+    class_attributes = (
+        f"NAME: _typing.ClassVar[str] = {string_literal(model.name)}",
+        f"SCHEMA: _typing.ClassVar[str] = {string_literal(schema_file.path)}",
+    )
+    doc = model.doc or f"Binds the inputs and outputs of model {model.name} to SoA blocks."
+    return ModelModel(
+        model.name,
+        docstring(doc, INDENT),
+        class_attributes,
+        tuple(functions),
+        tuple(specs["input"]),
+        tuple(specs["output"]),
+    )
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("soagen", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
+    """The Python module for one file of a checked schema."""
+    imports = []
+    for source, target, resolved in schema.import_paths:
+        if source != schema_file.path:
+            continue
+        imported = next(f for f in schema.files if f.path == resolved)
+        names = sorted(layout.name for layout in imported.layouts)
+        if names:
+            imports.append((imported.module_name, names))
+    module_doc = schema_file.doc or f"Collections and model bindings generated from {schema_file.path}."
+    exported = sorted([layout.name for layout in schema_file.layouts] + [model.name for model in schema_file.models])
+    text = _environment().get_template("module.py.jinja").render(
+        version=soagen.__version__,
+        source=schema_file.path,
+        module_doc=docstring(module_doc, ""),
+        imports=sorted(set((module, tuple(names)) for module, names in imports)),
+        exported=[string_literal(name) for name in exported],
+        layouts=[_layout_model(layout, schema_file) for layout in schema_file.layouts],
+        models=[_model_model(model, schema, schema_file) for model in schema_file.models],
+        runtime=RUNTIME,
+    )
+    return text.rstrip("\n") + "\n"
+
+
+def generate(schema: Schema) -> dict[str, str]:
+    """Module name to source, for the root file and every file it imports."""
+    return {f.module_name: generate_module(schema, f) for f in schema.files}

@@ -1,0 +1,51 @@
+"""Names a schema may not use, because the generated module already uses them.
+
+Generated modules keep their own names private (a leading `_`, which schema names cannot start with),
+so the only clashes left are Python keywords and the public members every generated class inherits.
+A test checks these sets against the runtime classes so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import keyword
+
+# Public attributes of `soagen.runtime.Collection` and of the generated layout classes.
+COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
+    {
+        "ALIGNMENT",
+        "BLOCKS",
+        "MEMBERS",
+        "NAME",
+        "SCHEMA",
+        "allocate",
+        "block",
+        "block_names",
+        "buffer",
+        "byte_size",
+        "clone",
+        "device",
+        "from_columns",
+        "is_pinned",
+        "member",
+        "member_views",
+        "nbytes",
+        "numpy",
+        "offsets",
+        "read_only",
+        "size",
+        "slice",
+        "to",
+        "view",
+        "wrap",
+    }
+)
+
+# Public attributes of `soagen.runtime.ModelBinding` and of the generated model classes.
+MODEL_ATTRIBUTES: frozenset[str] = frozenset(
+    {"INPUTS", "OUTPUTS", "NAME", "SCHEMA", "binding", "load", "remote", "run"}
+)
+
+
+def is_python_keyword(name: str) -> bool:
+    # Soft keywords (`type`, `match`, ...) are valid attribute names, so they stay allowed.
+    return keyword.iskeyword(name)

@@ -1,0 +1,52 @@
+"""The metadata generated classes carry: plain frozen dataclasses, importable without torch or numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StridedView:
+    """One tensor view into a collection's buffer.
+
+    `shape` and `strides` count elements of `dtype`; `offset` counts bytes from the buffer's start and is
+    a multiple of the item size, so it is also the `as_strided` storage offset times the item size.
+    """
+
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSpec:
+    """A column (one value, or one fixed-shape array, per element) or a scalar (one per collection)."""
+
+    name: str
+    kind: str  # "column" or "scalar"
+    dtype: str
+    shape: tuple[int, ...]  # () for plain columns and scalars
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSpec:
+    """Adjacent members of one layout seen as one tensor, as a model binding declares it."""
+
+    name: str
+    layout: str
+    members: tuple[str, ...]
+    dtype: str
+    axes: tuple[str, ...]  # `n`, `c` or an array extent, in tensor order
+    view: Callable[[int], StridedView]  # closed-form geometry for n elements
+
+
+@dataclass(frozen=True, slots=True)
+class BindingSpec:
+    """One input or output of a model: a block of one layout, in declaration order."""
+
+    name: str
+    direction: str  # "input" or "output"
+    block: BlockSpec
