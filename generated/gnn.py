@@ -322,4 +322,3 @@ class EdgeClassifier(_soagen.ModelBinding):
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("edge_scores", "output", EdgeScores.BLOCKS["edge_scores"]),
     )
-

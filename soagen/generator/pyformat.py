@@ -1,13 +1,13 @@
 """Python source snippets already in the form `ruff format` keeps, so generated code needs no formatter.
 
-Two rules make that hold: a call or collection either fits on its line or is written one item per line
-with a trailing comma (ruff's "magic trailing comma" keeps it so), and strings are printed as ruff prints
-them: double quotes, no needless escapes.
+Two rules make that hold: a call either fits on its line or is written one argument per line with a
+trailing comma (ruff's "magic trailing comma" keeps it so), and strings are printed as ruff prints them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 # ruff's default, and the shortest limit a user's formatter config is likely to use.
 LINE_LENGTH = 88
@@ -15,10 +15,18 @@ INDENT = "    "
 
 
 def string_literal(text: str) -> str:
-    """A double-quoted literal of `text`: identical to what ruff prints, and safe for any input."""
+    """A literal of `text` as ruff prints it, safe for any input.
+
+    Double quotes unless the text holds more `"` than `'`: ruff picks the quote needing fewer escapes.
+    """
+    quote = "'" if text.count('"') > text.count("'") else '"'
+    return quote + _escaped(text, quote) + quote
+
+
+def _escaped(text: str, quote: str) -> str:
     body = []
     for char in text:
-        if char in '\\"':
+        if char in ("\\", quote):
             body.append("\\" + char)
         elif char.isprintable() or char == " ":
             body.append(char)
@@ -32,14 +40,15 @@ def string_literal(text: str) -> str:
             body.append(f"\\u{ord(char):04x}")
         else:
             body.append(f"\\U{ord(char):08x}")
-    return '"' + "".join(body) + '"'
+    return "".join(body)
 
 
 def docstring(text: str, indent: str) -> str:
     """A triple-quoted docstring at `indent`; quotes, backslashes and control characters are escaped."""
     lines = []
-    for line in text.splitlines():
-        escaped = string_literal(line.rstrip())[1:-1]
+    # Only \n ends a line: other separators (\x0c, \u2028, ...) are kept, escaped.
+    for line in text.split("\n"):
+        escaped = _escaped(line.rstrip(), '"')
         lines.append(escaped)
     while lines and not lines[-1]:
         lines.pop()
@@ -51,17 +60,43 @@ def docstring(text: str, indent: str) -> str:
     return f'{indent}"""{lines[0]}\n{body}\n{indent}"""'
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """`function(arguments...)`, arguments being source text or nested calls."""
+
+    function: str
+    arguments: tuple[Expression, ...]
+
+
+Expression = str | Call
+
+
+def flat(expression: Expression) -> str:
+    if isinstance(expression, str):
+        return expression
+    return f"{expression.function}({', '.join(flat(a) for a in expression.arguments)})"
+
+
 def tuple_literal(items: Sequence[str]) -> str:
     if len(items) == 1:
         return f"({items[0]},)"
     return "(" + ", ".join(items) + ")"
 
 
-def call(head: str, arguments: Sequence[str], indent: str, tail: str = "") -> str:
-    """`head(arg, ...)tail` on one line if it fits at `indent`, else one argument per line."""
-    one_line = f"{indent}{head}({', '.join(arguments)}){tail}"
-    if len(one_line) <= LINE_LENGTH:
+def render(expression: Expression, indent: str, prefix: str = "", suffix: str = "") -> str:
+    """`indent + prefix + expression + suffix`, on one line if it fits, else as ruff splits it:
+    the outermost call's arguments one per line with a trailing comma, recursively."""
+    one_line = f"{indent}{prefix}{flat(expression)}{suffix}"
+    if len(one_line) <= LINE_LENGTH or isinstance(expression, str):
         return one_line
     inner = indent + INDENT
-    lines = [f"{indent}{head}("] + [f"{inner}{argument}," for argument in arguments]
-    return "\n".join(lines) + f"\n{indent}){tail}"
+    lines = [f"{indent}{prefix}{expression.function}("]
+    lines += [render(argument, inner, suffix=",") for argument in expression.arguments]
+    return "\n".join(lines) + f"\n{indent}){suffix}"
+
+
+def import_from(module: str, names: Sequence[str]) -> str:
+    one_line = f"from {module} import {', '.join(names)}"
+    if len(one_line) <= LINE_LENGTH:
+        return one_line
+    return f"from {module} import (\n" + "".join(f"{INDENT}{name},\n" for name in names) + ")"

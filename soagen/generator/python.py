@@ -13,7 +13,15 @@ import jinja2
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema, SchemaFile
-from soagen.generator.pyformat import INDENT, call, docstring, string_literal, tuple_literal
+from soagen.generator.pyformat import (
+    INDENT,
+    Call,
+    docstring,
+    import_from,
+    render,
+    string_literal,
+    tuple_literal,
+)
 from soagen.layout import Linear, Stride, ViewForm, block_axes, block_view, byte_size, member_offsets, member_view
 
 RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
@@ -84,10 +92,18 @@ class _Symbols:
             parts.append(str(stride.constant))
         return " + ".join(parts)
 
-    def view(self, form: ViewForm) -> list[str]:
+    def view(self, form: ViewForm) -> Call:
         shape = tuple_literal(["n" if extent is None else str(extent) for extent in form.shape])
         strides = tuple_literal([self.stride(stride) for stride in form.strides])
-        return [string_literal(form.dtype), "()" if not form.shape else shape, "()" if not form.strides else strides, self.linear(form.offset)]
+        return Call(
+            f"{RUNTIME}.StridedView",
+            (
+                string_literal(form.dtype),
+                shape if form.shape else "()",
+                strides if form.strides else "()",
+                self.linear(form.offset),
+            ),
+        )
 
     def definitions(self) -> tuple[str, ...]:
         # Pitches are CMSSW's padded column sizes in bytes; strides the same in elements.
@@ -102,23 +118,18 @@ class _Symbols:
 _BODY = INDENT * 2  # statements inside a generated static method
 
 
-def _dict_body(entries: list[tuple[str, str, list[str] | None]]) -> tuple[str, ...]:
-    """`return {key: value, ...}` one entry per line; a value with arguments is a StridedView call."""
+def _dict_body(entries: list[tuple[str, str | Call]]) -> tuple[str, ...]:
+    """`return {key: value, ...}`, one entry per line."""
     lines = [f"{_BODY}return {{"]
-    for key, value, arguments in entries:
-        head = f"{string_literal(key)}: {value}"
-        if arguments is None:
-            lines.append(f"{_BODY}{INDENT}{head},")
-        else:
-            lines.append(call(head, arguments, _BODY + INDENT, tail=","))
+    for key, value in entries:
+        lines.append(render(value, _BODY + INDENT, prefix=f"{string_literal(key)}: ", suffix=","))
     lines.append(f"{_BODY}}}")
     return tuple(lines)
 
 
 def _view_function(name: str, doc: str, align: int, form: ViewForm) -> Function:
     symbols = _Symbols(align)
-    arguments = symbols.view(form)
-    body = call(f"return {RUNTIME}.StridedView", arguments, _BODY)
+    body = render(symbols.view(form), _BODY, prefix="return ")
     return Function(name, f"{RUNTIME}.StridedView", doc, symbols.definitions(), tuple(body.split("\n")))
 
 
@@ -141,32 +152,34 @@ def _layout_doc(layout: Layout) -> str:
     return f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n" + "\n".join(rows)
 
 
-def _block_spec(binding: Binding, layout: Layout, view: str) -> list[str]:
+def _block_spec(binding: Binding, layout: Layout, view: str) -> Call:
     first = layout.member(binding.member_names[0])
     assert first is not None
-    return [
-        string_literal(binding.name),
-        string_literal(layout.name),
-        tuple_literal([string_literal(name) for name in binding.member_names]),
-        string_literal(first.dtype_name),
-        tuple_literal([string_literal(axis) for axis in block_axes(binding, first)]),
-        view,
-    ]
+    return Call(
+        f"{RUNTIME}.BlockSpec",
+        (
+            string_literal(binding.name),
+            string_literal(layout.name),
+            tuple_literal([string_literal(name) for name in binding.member_names]),
+            string_literal(first.dtype_name),
+            tuple_literal([string_literal(axis) for axis in block_axes(binding, first)]),
+            view,
+        ),
+    )
 
 
 def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
     align = layout.align
     offsets_symbols = _Symbols(align)
     offsets = member_offsets(layout)
-    offsets_entries: list[tuple[str, str, list[str] | None]] = [
-        (name, offsets_symbols.linear(offset), None) for name, offset in offsets.items()
+    offsets_entries: list[tuple[str, str | Call]] = [
+        (name, offsets_symbols.linear(offset)) for name, offset in offsets.items()
     ]
     size_symbols = _Symbols(align)
     size_expression = size_symbols.linear(byte_size(layout))
     views_symbols = _Symbols(align)
-    view_entries: list[tuple[str, str, list[str] | None]] = [
-        (member.name, f"{RUNTIME}.StridedView", views_symbols.view(member_view(layout, member)))
-        for member in layout.members
+    view_entries: list[tuple[str, str | Call]] = [
+        (member.name, views_symbols.view(member_view(layout, member))) for member in layout.members
     ]
     functions = [
         Function(
@@ -202,19 +215,22 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
                 block_view(layout, binding),
             )
         )
-        blocks.append(call(f"{string_literal(binding.name)}: {RUNTIME}.BlockSpec", _block_spec(binding, layout, function_name), INDENT * 2, tail=","))
+        spec = _block_spec(binding, layout, function_name)
+        blocks.append(render(spec, INDENT * 2, prefix=f"{string_literal(binding.name)}: ", suffix=","))
     members = [
-        call(
-            f"{RUNTIME}.MemberSpec",
-            [
-                string_literal(member.name),
-                string_literal(member.kind.value),
-                string_literal(member.dtype_name),
-                tuple_literal([str(extent) for extent in member.shape]) if member.shape else "()",
-                string_literal(member.doc or ""),
-            ],
+        render(
+            Call(
+                f"{RUNTIME}.MemberSpec",
+                (
+                    string_literal(member.name),
+                    string_literal(member.kind.value),
+                    string_literal(member.dtype_name),
+                    tuple_literal([str(extent) for extent in member.shape]) if member.shape else "()",
+                    string_literal(member.doc or ""),
+                ),
+            ),
             INDENT * 2,
-            tail=",",
+            suffix=",",
         )
         for member in layout.members
     ]
@@ -254,7 +270,7 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
     for binding in model.bindings:
         layout = schema.layouts[binding.layout_name]
         if binding.layout_name in local_layouts:
-            block = f"{binding.layout_name}.BLOCKS[{string_literal(binding.name)}]"
+            block: str | Call = f"{binding.layout_name}.BLOCKS[{string_literal(binding.name)}]"
         else:
             # A layout from another file: its class knows only the blocks of its own file.
             function_name = f"_view_{binding.name}"
@@ -266,9 +282,12 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
                     block_view(layout, binding),
                 )
             )
-            block = call(f"{RUNTIME}.BlockSpec", _block_spec(binding, layout, function_name), "")
-        arguments = [string_literal(binding.name), string_literal(binding.direction.value), block]
-        specs[binding.direction.value].append(call(f"{RUNTIME}.BindingSpec", arguments, INDENT * 2, tail=","))
+            block = _block_spec(binding, layout, function_name)
+        spec = Call(
+            f"{RUNTIME}.BindingSpec",
+            (string_literal(binding.name), string_literal(binding.direction.value), block),
+        )
+        specs[binding.direction.value].append(render(spec, INDENT * 2, suffix=","))
     class_attributes = (
         f"NAME: _typing.ClassVar[str] = {string_literal(model.name)}",
         f"SCHEMA: _typing.ClassVar[str] = {string_literal(schema_file.path)}",
@@ -298,21 +317,24 @@ def _environment() -> jinja2.Environment:
 
 def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
     """The Python module for one file of a checked schema."""
-    imports = []
-    for source, target, resolved in schema.import_paths:
+    # Layouts of imported files are imported, not copied (one class per layout), and re-exported.
+    imports: dict[str, list[str]] = {}
+    for source, _, resolved in schema.import_paths:
         if source != schema_file.path:
             continue
         imported = next(f for f in schema.files if f.path == resolved)
         names = sorted(layout.name for layout in imported.layouts)
         if names:
-            imports.append((imported.module_name, names))
+            imports[imported.module_name] = names
+    import_lines = [import_from(f".{module}", names) for module, names in sorted(imports.items())]
     module_doc = schema_file.doc or f"Collections and model bindings generated from {schema_file.path}."
-    exported = sorted([layout.name for layout in schema_file.layouts] + [model.name for model in schema_file.models])
+    declared = [layout.name for layout in schema_file.layouts] + [model.name for model in schema_file.models]
+    exported = sorted(declared + [name for names in imports.values() for name in names])
     text = _environment().get_template("module.py.jinja").render(
         version=soagen.__version__,
         source=schema_file.path,
         module_doc=docstring(module_doc, ""),
-        imports=sorted(set((module, tuple(names)) for module, names in imports)),
+        imports=import_lines,
         exported=[string_literal(name) for name in exported],
         layouts=[_layout_model(layout, schema_file) for layout in schema_file.layouts],
         models=[_model_model(model, schema, schema_file) for model in schema_file.models],
