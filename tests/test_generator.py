@@ -56,7 +56,12 @@ def test_generation_is_deterministic_across_processes(tmp_path: Path) -> None:
         env = {**os.environ, "PYTHONHASHSEED": seed}
         for schema in ("tests/golden/arrays.soa", "tests/golden/vertexing.soa"):
             result = subprocess.run(
-                [sys.executable, "-c", script, schema], cwd=REPO, env=env, capture_output=True, text=True, check=True
+                [sys.executable, "-c", script, schema],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
             )
             outputs.add((schema, result.stdout))
     assert len(outputs) == 2
@@ -80,14 +85,23 @@ def test_generated_metadata_matches_layout_math(tmp_path: Path) -> None:
                 assert (views[member.name].shape, views[member.name].strides) == (shape, strides)
                 assert views[member.name].offset == offset
     tagger = module.Tagger
-    assert [b.name for b in tagger.INPUTS] == ["pf", "pf_t", "kinematics", "hessians", "weights", "weight"]
+    assert [b.name for b in tagger.INPUTS] == [
+        "pf",
+        "pf_t",
+        "kinematics",
+        "hessians",
+        "weights",
+        "weight",
+    ]
     jets = schema.layouts["Jets"]
     for binding in schema.root.models[0].bindings:
         spec = next(b for b in (*tagger.INPUTS, *tagger.OUTPUTS) if b.name == binding.name)
         layout = schema.layouts[binding.layout_name]
         for n in (1, 33, 4096):
             got = spec.block.view(n)
-            assert (got.shape, got.strides, got.offset) == block_view(layout, binding).evaluate(n, layout.align)
+            assert (got.shape, got.strides, got.offset) == block_view(layout, binding).evaluate(
+                n, layout.align
+            )
     # Scalars broadcast over n with stride 0.
     weights = module.Jets.BLOCKS["weights"].view(10)
     assert weights.shape == (2, 10) and weights.strides[1] == 0
@@ -115,7 +129,9 @@ def test_hostile_doc_comments_stay_inert(tmp_path: Path) -> None:
         "import sys; sys.path.insert(0, sys.argv[1]); import pkg_hostile.hostile as m;"
         "print(repr(m.Weird.__doc__)); print(repr(m.__doc__)); print(m.Weird.MEMBERS[1].name)"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     # The injected `os.system("echo pwned")` would print a line of its own; the docstrings hold it as text.
     assert "pwned" not in result.stdout.splitlines()
@@ -164,7 +180,10 @@ def test_generated_code_passes_mypy_strict(generated_tree: Path) -> None:
 @pytest.mark.parametrize("line_length", ["88", "100"])
 def test_generated_code_is_ruff_formatted(generated_tree: Path, line_length: str) -> None:
     # Lint rules that concern code; long lines in docstrings come from the schema's own text.
-    for command in (["format", "--check", "--diff"], ["check", "--select", "F,I,B,UP", "--target-version", "py310"]):
+    for command in (
+        ["format", "--check", "--diff"],
+        ["check", "--select", "F,I,B,UP", "--target-version", "py310"],
+    ):
         result = subprocess.run(
             [_tool("ruff"), *command, "--line-length", line_length, "typed_pkg"],
             cwd=generated_tree,

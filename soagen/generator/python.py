@@ -13,6 +13,7 @@ import jinja2
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema, SchemaFile
+from soagen.dsl.pretty import linear_text, stride_text
 from soagen.generator.pyformat import (
     INDENT,
     Call,
@@ -22,7 +23,16 @@ from soagen.generator.pyformat import (
     string_literal,
     tuple_literal,
 )
-from soagen.layout import Linear, Stride, ViewForm, block_axes, block_view, byte_size, member_offsets, member_view
+from soagen.layout import (
+    Linear,
+    Stride,
+    ViewForm,
+    block_axes,
+    block_view,
+    byte_size,
+    member_offsets,
+    member_view,
+)
 
 RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
 
@@ -73,24 +83,14 @@ class _Symbols:
         self.strides: set[int] = set()
 
     def linear(self, form: Linear) -> str:
-        parts = []
-        for itemsize, coefficient in form.terms:
-            self.pitches.add(itemsize)
-            parts.append(f"pitch_{itemsize}" if coefficient == 1 else f"{coefficient} * pitch_{itemsize}")
-        if form.constant or not parts:
-            parts.append(str(form.constant))
-        return " + ".join(parts)
+        self.pitches.update(form.itemsizes)
+        return linear_text(form)
 
     def stride(self, stride: Stride) -> str:
-        parts = []
         if stride.coefficient:
             self.pitches.add(stride.itemsize)
             self.strides.add(stride.itemsize)
-            name = f"stride_{stride.itemsize}"
-            parts.append(name if stride.coefficient == 1 else f"{stride.coefficient} * {name}")
-        if stride.constant or not parts:
-            parts.append(str(stride.constant))
-        return " + ".join(parts)
+        return stride_text(stride)
 
     def view(self, form: ViewForm) -> Call:
         shape = tuple_literal(["n" if extent is None else str(extent) for extent in form.shape])
@@ -130,14 +130,20 @@ def _dict_body(entries: list[tuple[str, str | Call]]) -> tuple[str, ...]:
 def _view_function(name: str, doc: str, align: int, form: ViewForm) -> Function:
     symbols = _Symbols(align)
     body = render(symbols.view(form), _BODY, prefix="return ")
-    return Function(name, f"{RUNTIME}.StridedView", doc, symbols.definitions(), tuple(body.split("\n")))
+    return Function(
+        name, f"{RUNTIME}.StridedView", doc, symbols.definitions(), tuple(body.split("\n"))
+    )
 
 
 def _member_doc(layout: Layout, name: str) -> str:
     member = layout.member(name)
     assert member is not None
     shape = "[n" + "".join(f", {extent}" for extent in member.shape) + "]"
-    what = "Scalar" if member.kind is MemberKind.SCALAR else ("Array column" if member.shape else "Column")
+    what = (
+        "Scalar"
+        if member.kind is MemberKind.SCALAR
+        else ("Array column" if member.shape else "Column")
+    )
     view = "0-d view" if member.kind is MemberKind.SCALAR else f"{shape} view"
     summary = f"{what} `{member.name}`: {member.dtype_name}, a {view} of the buffer."
     return summary + (f"\n\n{member.doc}" if member.doc else "")
@@ -149,7 +155,10 @@ def _layout_doc(layout: Layout) -> str:
         shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
         rows.append(f"    {member.name}: {member.kind.value} {member.dtype_name}{shape}")
     header = layout.doc or f"The {layout.name} collection."
-    return f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n" + "\n".join(rows)
+    return (
+        f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n"
+        + "\n".join(rows)
+    )
 
 
 def _block_spec(binding: Binding, layout: Layout, view: str) -> Call:
@@ -216,7 +225,9 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
             )
         )
         spec = _block_spec(binding, layout, function_name)
-        blocks.append(render(spec, INDENT * 2, prefix=f"{string_literal(binding.name)}: ", suffix=","))
+        blocks.append(
+            render(spec, INDENT * 2, prefix=f"{string_literal(binding.name)}: ", suffix=",")
+        )
     members = [
         render(
             Call(
@@ -225,7 +236,9 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
                     string_literal(member.name),
                     string_literal(member.kind.value),
                     string_literal(member.dtype_name),
-                    tuple_literal([str(extent) for extent in member.shape]) if member.shape else "()",
+                    tuple_literal([str(extent) for extent in member.shape])
+                    if member.shape
+                    else "()",
                     string_literal(member.doc or ""),
                 ),
             ),
@@ -242,7 +255,9 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
         + "\n".join(members)
         + f"\n{INDENT})",
     )
-    accessors = tuple(Accessor(member.name, _member_doc(layout, member.name)) for member in layout.members)
+    accessors = tuple(
+        Accessor(member.name, _member_doc(layout, member.name)) for member in layout.members
+    )
     return LayoutModel(
         layout.name,
         docstring(_layout_doc(layout), INDENT),
@@ -327,18 +342,26 @@ def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
         if names:
             imports[imported.module_name] = names
     import_lines = [import_from(f".{module}", names) for module, names in sorted(imports.items())]
-    module_doc = schema_file.doc or f"Collections and model bindings generated from {schema_file.path}."
-    declared = [layout.name for layout in schema_file.layouts] + [model.name for model in schema_file.models]
+    module_doc = (
+        schema_file.doc or f"Collections and model bindings generated from {schema_file.path}."
+    )
+    declared = [layout.name for layout in schema_file.layouts] + [
+        model.name for model in schema_file.models
+    ]
     exported = sorted(declared + [name for names in imports.values() for name in names])
-    text = _environment().get_template("module.py.jinja").render(
-        version=soagen.__version__,
-        source=schema_file.path,
-        module_doc=docstring(module_doc, ""),
-        imports=import_lines,
-        exported=[string_literal(name) for name in exported],
-        layouts=[_layout_model(layout, schema_file) for layout in schema_file.layouts],
-        models=[_model_model(model, schema, schema_file) for model in schema_file.models],
-        runtime=RUNTIME,
+    text = (
+        _environment()
+        .get_template("module.py.jinja")
+        .render(
+            version=soagen.__version__,
+            source=schema_file.path,
+            module_doc=docstring(module_doc, ""),
+            imports=import_lines,
+            exported=[string_literal(name) for name in exported],
+            layouts=[_layout_model(layout, schema_file) for layout in schema_file.layouts],
+            models=[_model_model(model, schema, schema_file) for model in schema_file.models],
+            runtime=RUNTIME,
+        )
     )
     return text.rstrip("\n") + "\n"
 
