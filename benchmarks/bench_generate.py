@@ -35,7 +35,9 @@ def _row(name: str, samples: list[float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="few repeats: checks the script works")
     parser.add_argument("--schema", default=str(REPO / "schemas" / "gnn.soa"))
     args = parser.parse_args()
@@ -49,7 +51,10 @@ def main() -> int:
     command = [sys.executable, "-m", "soagen", args.schema, "-o", out]
     rows = [
         _row("load + check (in process)", _times(lambda: load(args.schema).unwrap(), repeats)),
-        _row("load + check + generate (in process)", _times(lambda: generate(load(args.schema).unwrap()), repeats)),
+        _row(
+            "load + check + generate (in process)",
+            _times(lambda: generate(load(args.schema).unwrap()), repeats),
+        ),
         _row(
             "`soagen SCHEMA` command (new process)",
             _times(lambda: subprocess.run(command, check=True, capture_output=True), repeats),

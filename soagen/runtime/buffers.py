@@ -1,0 +1,311 @@
+"""Memory for collections: aligned allocation and zero-copy adoption of foreign buffers.
+
+This module imports torch; `soagen.runtime.collection` imports it only when a collection first needs
+memory, so importing generated modules stays free of torch.
+
+Alignment. Allocators align to less than a layout may ask for (PyTorch's CPU allocator to 64 bytes,
+CUDA's to 256 or 512), so `allocate` over-allocates by the alignment and starts the buffer at the first
+aligned address of that block whenever the allocator does not guarantee the alignment by itself. The
+buffer is then a view at a small byte offset into its storage; nothing else changes.
+
+Adoption. `adopt` turns what `wrap` is given into a flat uint8 tensor over the same bytes, without a
+copy: torch tensors (viewed as bytes), NumPy arrays (`torch.from_numpy`), `__dlpack__` producers
+(CuPy, JAX, ...; asked for no copy, read-only flag honoured) and buffer-protocol objects (`bytearray`,
+`mmap`, `memoryview`, `array.array`; `torch.frombuffer`). Read-only memory is refused unless the caller
+asks for a read-only collection.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import typing
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils.dlpack
+
+from soagen.dtypes import DTYPES
+from soagen.runtime.errors import (
+    DeviceError,
+    MisalignedBufferError,
+    NonContiguousBufferError,
+    ReadOnlyBufferError,
+    UnsupportedBufferError,
+)
+
+DeviceLike = str | torch.device
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, row.torch_name) for name, row in DTYPES.items()
+}
+
+# Alignment the allocator of a device type guarantees by itself (c10's CPU allocator aligns to 64
+# bytes; cudaMalloc to 256). Larger alignments are reached by over-allocating.
+ALLOCATOR_ALIGNMENT: dict[str, int] = {"cpu": 64, "cuda": 256}
+
+# Device types whose data_ptr() is not an address in a flat space (MPS gives a buffer handle): there
+# alignment is the byte offset into the storage, whose start the allocator aligns to a page.
+_HANDLE_DEVICES = frozenset({"mps"})
+
+_DLPACK_FLAG_READ_ONLY = 1 << 0
+_DLPACK_FLAG_IS_COPIED = 1 << 1
+_DLPACK_FLAGS_OFFSET = (
+    24  # DLManagedTensorVersioned: version (8), manager_ctx (8), deleter (8), flags
+)
+
+
+def as_device(device: object, name: str = "device") -> torch.device:
+    """A torch.device from what a user writes ('cpu', 'cuda:1', torch.device(...)), or DeviceError."""
+    if isinstance(device, torch.device):
+        return device
+    try:
+        return typing.cast(torch.device, torch.device(device))  # type: ignore[call-overload]
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise DeviceError(f"{name}={device!r} is not a torch device: {error}") from None
+
+
+def device_matches(actual: torch.device, expected: torch.device) -> bool:
+    """Whether a buffer on `actual` satisfies `expected`; 'cuda' without an index accepts any GPU."""
+    if actual.type != expected.type:
+        return False
+    return expected.index is None or actual.index == expected.index
+
+
+def address(tensor: torch.Tensor) -> int:
+    """The number whose residue modulo the alignment says whether the tensor's data is aligned."""
+    if tensor.device.type in _HANDLE_DEVICES:
+        return int(tensor.storage_offset()) * tensor.element_size()
+    return int(tensor.data_ptr())
+
+
+def check_alignment(tensor: torch.Tensor, alignment: int, layout: str) -> None:
+    if tensor.numel() == 0:
+        return  # an empty buffer has no bytes to misplace (and may have no address at all)
+    position = address(tensor)
+    if position % alignment:
+        raise MisalignedBufferError(
+            f"buffer starts at address {position:#x}, {position % alignment} bytes past a "
+            f"{alignment}-byte boundary, but {layout} needs its buffer aligned to {alignment} bytes "
+            f"({layout}.ALIGNMENT): allocate it with {layout}.allocate(n), or copy the data into an "
+            f"aligned buffer"
+        )
+
+
+def allocate(
+    nbytes: int, alignment: int, device: torch.device, pin_memory: bool, zero: bool
+) -> torch.Tensor:
+    """A uint8 tensor of `nbytes` bytes on `device` whose first byte is aligned to `alignment`."""
+    if pin_memory and device.type != "cpu":
+        raise DeviceError(
+            f"pin_memory=True asks for page-locked host memory, so device must be 'cpu', got "
+            f"device={str(device)!r}"
+        )
+
+    def empty(size: int) -> torch.Tensor:
+        try:
+            return torch.empty(size, dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        except RuntimeError as error:
+            raise DeviceError(
+                f"cannot allocate {size} bytes on device={str(device)!r}"
+                f"{' with pin_memory=True' if pin_memory else ''}: {error}"
+            ) from error
+
+    buffer: torch.Tensor | None = None
+    guaranteed = 1 if pin_memory else ALLOCATOR_ALIGNMENT.get(device.type, 1)
+    if nbytes == 0 or alignment <= guaranteed or device.type in _HANDLE_DEVICES:
+        buffer = empty(nbytes)
+        if address(buffer) % alignment:
+            buffer = None  # the allocator gave less than it promised: fall back to padding
+    if buffer is None:
+        raw = empty(nbytes + alignment)
+        shift = -address(raw) % alignment
+        buffer = raw[shift : shift + nbytes]
+    if zero:
+        buffer.zero_()
+    return buffer
+
+
+def typed_view(buffer: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The uint8 buffer seen as a 1-D tensor of `dtype`, sharing its memory (no copy)."""
+    target = TORCH_DTYPES[dtype]
+    if target == torch.uint8:
+        return buffer
+    try:
+        return buffer.view(target)
+    except RuntimeError:
+        # Tensor.view(dtype) needs the byte offset into the storage to be a multiple of the item size,
+        # which an aligned buffer inside a storage that starts off-alignment (a memoryview slice, say)
+        # breaks. Re-import the same memory through DLPack: the new storage starts at the buffer.
+        return torch.utils.dlpack.from_dlpack(buffer).view(target)
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """Foreign memory seen as one flat uint8 tensor."""
+
+    tensor: torch.Tensor  # 1-D, uint8, contiguous, every byte of the object
+    read_only: bool  # whether the memory itself refuses writes
+    kind: str  # what the object was, for messages
+    host: Any = (
+        None  # a NumPy array or memoryview of the same bytes, kept for read-only NumPy views
+    )
+
+
+def _numpy() -> Any:
+    return sys.modules.get("numpy")
+
+
+def _from_tensor(tensor: torch.Tensor, kind: str) -> torch.Tensor:
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise UnsupportedBufferError(
+            f"buffer must be a dense strided tensor, got a {kind} with layout {tensor.layout}"
+        )
+    if tensor.is_conj() or tensor.is_neg():
+        raise UnsupportedBufferError(
+            f"buffer is a {kind} with a lazy conjugate or negation bit: its bytes are not its values; "
+            f"pass .resolve_conj().resolve_neg() (a copy) instead"
+        )
+    if not tensor.is_contiguous():
+        raise NonContiguousBufferError(
+            f"buffer must be contiguous, got a {kind} of shape {tuple(tensor.shape)} with strides "
+            f"{tensor.stride()}: pass the tensor it is a view of, or .contiguous() (a copy)"
+        )
+    flat = tensor.detach().reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def _numpy_to_tensor(array: Any) -> torch.Tensor:
+    """A tensor sharing a flat uint8 NumPy array's memory, read-only or not, without warnings."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    try:
+        # DLPack carries NumPy's read-only flag, which torch ignores: the import shares memory quietly.
+        return torch.utils.dlpack.from_dlpack(array)
+    except (BufferError, TypeError, RuntimeError):  # older NumPy refuses to export read-only arrays
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(array)
+
+
+def _from_numpy(array: Any, read_only: bool) -> Adopted:
+    np = _numpy()
+    kind = f"numpy.ndarray of {array.dtype}"
+    if array.dtype.hasobject:
+        raise UnsupportedBufferError(f"buffer is a {kind}: object arrays hold pointers, not data")
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise NonContiguousBufferError(
+            f"buffer must be contiguous, got a {kind} of shape {array.shape} with strides "
+            f"{array.strides} bytes: pass the array it is a view of, or np.ascontiguousarray (a copy)"
+        )
+    flat = array.ravel(order="K").view(np.uint8)
+    is_read_only = not array.flags.writeable
+    if is_read_only and not read_only:
+        raise ReadOnlyBufferError(
+            f"buffer is a read-only {kind}: pass read_only=True to wrap it read-only, or a writable "
+            f"array (array.copy())"
+        )
+    return Adopted(_numpy_to_tensor(flat), is_read_only, kind, flat)
+
+
+def _capsule_pointer(capsule: object, name: bytes) -> int | None:
+    is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_IsValid", ctypes.pythonapi)
+    )
+    if not is_valid(capsule, name):
+        return None
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi)
+    )
+    pointer = get_pointer(capsule, name)
+    return int(pointer) if pointer else None
+
+
+def _from_dlpack(obj: Any, read_only: bool) -> Adopted:
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__} (DLPack)"
+    device_type, device_id = obj.__dlpack_device__()
+    kwargs: dict[str, Any] = {}
+    if int(device_type) in (2, 10):  # kDLCUDA, kDLROCM: order the producer's work before ours
+        stream = torch.cuda.current_stream(f"cuda:{int(device_id)}")
+        legacy = device_type == 2 and stream.cuda_stream == 0
+        kwargs["stream"] = 1 if legacy else stream.cuda_stream
+    capsule = None
+    for extra in ({"max_version": (1, 0), "copy": False}, {"max_version": (1, 0)}, {}):
+        try:
+            capsule = obj.__dlpack__(**kwargs, **extra)
+            break
+        except TypeError:
+            continue
+    if capsule is None:
+        raise UnsupportedBufferError(
+            f"buffer is a {kind} whose __dlpack__ accepts no known arguments"
+        )
+    flags = 0
+    pointer = _capsule_pointer(capsule, b"dltensor_versioned")
+    if pointer is not None:  # DLPack >= 1.0 says whether the memory is read-only or a copy
+        flags = ctypes.c_uint64.from_address(pointer + _DLPACK_FLAGS_OFFSET).value
+    if flags & _DLPACK_FLAG_IS_COPIED:
+        raise UnsupportedBufferError(
+            f"buffer is a {kind} whose producer copied it on export: a wrapped buffer must share memory"
+        )
+    is_read_only = bool(flags & _DLPACK_FLAG_READ_ONLY)
+    if is_read_only and not read_only:
+        raise ReadOnlyBufferError(
+            f"buffer is a {kind} that DLPack marks read-only: pass read_only=True to wrap it read-only"
+        )
+    tensor = torch.utils.dlpack.from_dlpack(capsule)
+    return Adopted(_from_tensor(tensor, kind), is_read_only, kind)
+
+
+def _from_buffer_protocol(obj: Any, read_only: bool) -> Adopted:
+    kind = type(obj).__qualname__
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise UnsupportedBufferError(
+            f"buffer must be a torch.Tensor, a NumPy array, an object with __dlpack__ (CuPy, JAX, ...) "
+            f"or a buffer-protocol object (bytearray, mmap, memoryview), got {kind}"
+        ) from None
+    if not view.c_contiguous:
+        raise NonContiguousBufferError(
+            f"buffer must be contiguous, got a {kind} of shape {view.shape} with strides {view.strides}"
+        )
+    data = view.cast("B") if (view.format, view.ndim) != ("B", 1) else view
+    if view.readonly and not read_only:
+        raise ReadOnlyBufferError(
+            f"buffer is read-only memory ({kind}): pass read_only=True to wrap it read-only, or "
+            f"writable memory (bytearray, an mmap opened for writing)"
+        )
+    if data.nbytes == 0:
+        tensor = torch.empty(0, dtype=torch.uint8)
+    elif not view.readonly:
+        tensor = torch.frombuffer(data, dtype=torch.uint8)
+    else:
+        np = _numpy()
+        if np is None:
+            import numpy as np
+        tensor = _numpy_to_tensor(np.frombuffer(data, dtype=np.uint8))
+    return Adopted(tensor, view.readonly, kind, data)
+
+
+def adopt(obj: object, read_only: bool) -> Adopted:
+    """See `obj`'s memory as a flat uint8 tensor without copying it, or raise a buffer error."""
+    if isinstance(obj, torch.Tensor):
+        return Adopted(_from_tensor(obj, f"torch.Tensor of {obj.dtype}"), False, "torch.Tensor")
+    np = _numpy()
+    if np is not None and isinstance(obj, np.ndarray):
+        return _from_numpy(obj, read_only)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj, read_only)
+    return _from_buffer_protocol(obj, read_only)
+
+
+def is_pinned(tensor: torch.Tensor) -> bool:
+    if tensor.device.type != "cpu":
+        return False
+    try:
+        return bool(tensor.is_pinned())
+    except RuntimeError:  # no accelerator backend to ask
+        return False

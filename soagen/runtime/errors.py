@@ -1,0 +1,86 @@
+"""Errors the collection runtime raises. Importing this module imports neither torch nor NumPy.
+
+Every error derives from `SoaRuntimeError` and from the built-in exception a caller would expect
+(`ValueError`, `TypeError`, `IndexError`, `KeyError`), so both `except SoaRuntimeError` and the usual
+`except ValueError` catch them. Messages name the argument at fault and the numbers involved.
+"""
+
+from __future__ import annotations
+
+
+class SoaRuntimeError(Exception):
+    """Base class of every error raised by `soagen.runtime` collections."""
+
+
+class InvalidBufferError(SoaRuntimeError, ValueError):
+    """The memory given to `wrap` cannot hold the collection as it is."""
+
+
+class BufferTooSmallError(InvalidBufferError):
+    """The buffer holds fewer bytes than `byte_size(n)`."""
+
+
+class MisalignedBufferError(InvalidBufferError):
+    """The buffer does not start on a multiple of the layout's alignment."""
+
+
+class NonContiguousBufferError(InvalidBufferError):
+    """The buffer is a strided view whose bytes are not one contiguous range."""
+
+
+class ReadOnlyBufferError(InvalidBufferError):
+    """The buffer is read-only memory and `read_only=True` was not given."""
+
+
+class UnsupportedBufferError(SoaRuntimeError, TypeError):
+    """The object given as a buffer is none of the supported kinds of memory."""
+
+
+class DeviceError(SoaRuntimeError, ValueError):
+    """A device is wrong for the operation: a buffer on another device, pinning off the host, ..."""
+
+
+class ElementCountError(SoaRuntimeError, ValueError):
+    """The element count `n` is negative or not an integer."""
+
+
+class SliceRangeError(SoaRuntimeError, IndexError):
+    """A slice does not lie within the collection."""
+
+
+class ColumnError(SoaRuntimeError, ValueError):
+    """`from_columns` got a missing, unknown, mis-shaped or mis-typed member."""
+
+
+class GeometryError(SoaRuntimeError, ValueError):
+    """A `StridedView` given to `view` does not fit the collection's buffer."""
+
+
+class ReadOnlyCollectionError(SoaRuntimeError, PermissionError):
+    """A writable view was asked of a collection that wraps memory read-only."""
+
+
+class UnknownNameError(SoaRuntimeError, KeyError):
+    """A member or block name that the layout does not declare."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; this message is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+__all__ = [
+    "BufferTooSmallError",
+    "ColumnError",
+    "DeviceError",
+    "ElementCountError",
+    "GeometryError",
+    "InvalidBufferError",
+    "MisalignedBufferError",
+    "NonContiguousBufferError",
+    "ReadOnlyBufferError",
+    "ReadOnlyCollectionError",
+    "SliceRangeError",
+    "SoaRuntimeError",
+    "UnknownNameError",
+    "UnsupportedBufferError",
+]

@@ -1,0 +1,64 @@
+"""Fixtures shared by the tests: the torch devices present, and modules generated from schema text."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _available_devices() -> list[object]:
+    """CPU always; CUDA and MPS as parameters that skip cleanly where the machine lacks them."""
+    try:
+        import torch
+    except ImportError:  # the generator tests run without torch
+        return ["cpu"]
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return [
+        "cpu",
+        pytest.param("cuda:0", marks=pytest.mark.skipif(not cuda, reason="no CUDA device")),
+        pytest.param("mps", marks=pytest.mark.skipif(not mps, reason="no MPS device")),
+    ]
+
+
+@pytest.fixture(params=_available_devices())
+def device(request: pytest.FixtureRequest) -> str:
+    """Each torch device of the machine in turn."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def generated_from_text(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[str], ModuleType]]:
+    """Generate a one-file schema given as text and import the module (cached by text)."""
+    from soagen.dsl.loader import load
+    from soagen.generator.python import generate
+
+    root = tmp_path_factory.mktemp("generated_from_text")
+    sys.path.insert(0, str(root))
+    modules: dict[str, ModuleType] = {}
+
+    def make(text: str) -> ModuleType:
+        if text in modules:
+            return modules[text]
+        package = "soa_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        target = root / package
+        target.mkdir()
+        (target / "__init__.py").write_text("")
+        schema = Path(target / "schema.soa")
+        schema.write_text(text)
+        for name, code in generate(load(schema).unwrap()).items():
+            (target / f"{name}.py").write_text(code)
+        importlib.invalidate_caches()
+        modules[text] = importlib.import_module(f"{package}.schema")
+        return modules[text]
+
+    yield make
+    sys.path.remove(str(root))
