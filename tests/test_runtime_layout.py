@@ -271,10 +271,12 @@ def _profiled_ops(action: Callable[[], object]) -> list[str]:
 
 def test_building_views_records_no_copy(every_classes: dict[int, type[Collection]]) -> None:
     cls = every_classes[128]
-    storage = torch.empty(cls.byte_size(64) // 8, dtype=torch.float64)  # any dtype, seen as bytes
-    assert storage.data_ptr() % 64 == 0
-    if storage.data_ptr() % 128:
-        storage = torch.empty(cls.byte_size(64) // 8 + 16, dtype=torch.float64)[8:]
+    # Any dtype, seen as bytes; start it on a 128-byte boundary whatever the allocator returned.
+    raw = torch.empty(cls.byte_size(64) // 8 + 16, dtype=torch.float64)
+    assert raw.data_ptr() % 8 == 0
+    shift = (-raw.data_ptr() % 128) // 8
+    storage = raw[shift : shift + cls.byte_size(64) // 8]
+    assert storage.data_ptr() % 128 == 0
 
     def build() -> None:
         collection = cls.wrap(storage, 64)
