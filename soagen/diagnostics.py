@@ -6,7 +6,9 @@ code has one row in `CODES`: the table is the reference `soagen explain` and the
 
 from __future__ import annotations
 
+import difflib
 import json
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -77,11 +79,44 @@ CODES: dict[str, str] = {
 }
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """A hint naming the closest choice; among equally close ones the first, so `flot` suggests
+    `float32`."""
+    best, best_score = None, 0.0
+    for choice in choices:
+        score = difflib.SequenceMatcher(None, word, choice).ratio()
+        if score >= 0.6 and score > best_score:
+            best, best_score = choice, score
+    return f"did you mean `{best}`?" if best is not None else None
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of a schema as the parser numbers them: split at newlines only (not at form feeds
+    or U+2028 as `str.splitlines` would), without the carriage return of CRLF files."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+def _shown(source_line: str) -> str:
+    """A source line safe to print: each control or invisible character becomes one U+FFFD, so the
+    terminal shows the line as it is and every column keeps its place."""
+    return "".join(ch if ch in "\t " or ch.isprintable() else "\ufffd" for ch in source_line)
+
+
+def _padding(ch: str) -> str:
+    """What goes under one character so the caret lines up: tabs stay tabs, wide characters take
+    two cells, combining marks none."""
+    if ch == "\t":
+        return ch
+    if unicodedata.combining(ch):
+        return ""
+    return "  " if unicodedata.east_asian_width(ch) in ("W", "F") else " "
+
+
 def _caret_line(source_line: str, span: Span) -> str:
-    width = span.end_column - span.column if span.end_line == span.line else 1
-    width = max(1, min(width, len(source_line) - span.column + 2))
-    # Tabs stay tabs so the caret lines up in a terminal.
-    prefix = "".join(ch if ch == "\t" else " " for ch in source_line[: span.column - 1])
+    end = span.end_column if span.end_line == span.line else span.column + 1
+    under = source_line[span.column - 1 : max(end, span.column + 1) - 1]
+    width = max(1, sum(len(_padding(ch).replace("\t", " ")) for ch in under))
+    prefix = "".join(_padding(ch) for ch in source_line[: span.column - 1])
     return prefix + "^" * width
 
 
@@ -95,9 +130,9 @@ def render_one(diagnostic: Diagnostic, sources: Mapping[str, str], color: bool =
     lines = [head]
     text = sources.get(span.path)
     if text is not None:
-        source_lines = text.splitlines()
-        if 1 <= span.line <= len(source_lines):
-            source_line = source_lines[span.line - 1]
+        lines_of_text = source_lines(text)
+        if 1 <= span.line <= len(lines_of_text):
+            source_line = _shown(lines_of_text[span.line - 1])
             gutter = f"{span.line} | "
             lines.append(f"{blue}{gutter}{reset}{source_line}")
             lines.append(" " * len(gutter) + f"{red}{_caret_line(source_line, span)}{reset}")

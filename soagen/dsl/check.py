@@ -6,28 +6,41 @@ Passes, in order: names (reserved words, duplicates), layouts (dtypes, shapes, a
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
-from soagen.diagnostics import Diagnostic, Span
+from soagen.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind, Model, SchemaFile
 from soagen.dtypes import DTYPE_SPELLINGS, DTYPES
-from soagen.layout import default_axes
+from soagen.layout import block_axes, default_axes
 from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES, is_python_keyword
+
+# Builtins the generated module calls or names in annotations. A layout or model class of that name
+# would shadow them for the whole module (`class property` breaks every later `@property`); a member
+# of that name does the same inside its class body, which uses the two decorators.
+MODULE_BUILTINS = frozenset({"dict", "int", "property", "staticmethod", "str", "tuple"})
+CLASS_BODY_BUILTINS = frozenset({"property", "staticmethod"})
 
 # Beyond these the generated arithmetic still works, but such a schema is a typo, not a design.
 MAX_ALIGN = 1 << 20
 MAX_COEFFICIENTS = 1 << 24
 
 
-def _suggest(word: str, choices: Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    return f"did you mean `{matches[0]}`?" if matches else None
-
-
-def _name_problems(name: str, span: Span, what: str, reserved: frozenset[str]) -> list[Diagnostic]:
+def _name_problems(
+    name: str,
+    span: Span,
+    what: str,
+    reserved: frozenset[str],
+    builtins: frozenset[str] = frozenset(),
+) -> list[Diagnostic]:
     if not name.isascii():
-        return [Diagnostic("SOA107", f"{what} `{name}` is not ASCII", span, "names use ASCII letters, digits and `_`")]
+        return [
+            Diagnostic(
+                "SOA107",
+                f"{what} `{name}` is not ASCII",
+                span,
+                "names use ASCII letters, digits and `_`",
+            )
+        ]
     if name.startswith("_"):
         return [
             Diagnostic(
@@ -38,7 +51,20 @@ def _name_problems(name: str, span: Span, what: str, reserved: frozenset[str]) -
             )
         ]
     if is_python_keyword(name):
-        return [Diagnostic("SOA107", f"{what} `{name}` is a Python keyword", span, "choose another name")]
+        return [
+            Diagnostic(
+                "SOA107", f"{what} `{name}` is a Python keyword", span, "choose another name"
+            )
+        ]
+    if name in builtins:
+        return [
+            Diagnostic(
+                "SOA108",
+                f"{what} `{name}` would hide Python's `{name}`, which the generated code uses",
+                span,
+                "choose another name",
+            )
+        ]
     if name in reserved:
         return [
             Diagnostic(
@@ -55,9 +81,12 @@ def check_names(schema_file: SchemaFile) -> list[Diagnostic]:
     """Reserved names, and duplicates among the layouts and models of one file and inside each."""
     problems: list[Diagnostic] = []
     seen: dict[str, Span] = {}
-    for declaration in (*schema_file.layouts, *schema_file.models):
+    declarations: list[Layout | Model] = [*schema_file.layouts, *schema_file.models]
+    for declaration in declarations:
         what = "layout" if isinstance(declaration, Layout) else "model"
-        problems += _name_problems(declaration.name, declaration.span, f"{what} name", frozenset())
+        problems += _name_problems(
+            declaration.name, declaration.span, f"{what} name", frozenset(), MODULE_BUILTINS
+        )
         if declaration.name in seen:
             problems.append(
                 Diagnostic(
@@ -72,7 +101,9 @@ def check_names(schema_file: SchemaFile) -> list[Diagnostic]:
     for layout in schema_file.layouts:
         members: dict[str, Span] = {}
         for member in layout.members:
-            problems += _name_problems(member.name, member.span, "member", COLLECTION_ATTRIBUTES)
+            problems += _name_problems(
+                member.name, member.span, "member", COLLECTION_ATTRIBUTES, CLASS_BODY_BUILTINS
+            )
             if member.name in members:
                 problems.append(
                     Diagnostic(
@@ -108,7 +139,7 @@ def _check_member_type(member: Member) -> list[Diagnostic]:
         hint = (
             f"write `{DTYPE_SPELLINGS[member.dtype_name]}`"
             if member.dtype_name in DTYPE_SPELLINGS
-            else _suggest(member.dtype_name, DTYPES)
+            else did_you_mean(member.dtype_name, DTYPES)
         )
         known = ", ".join(DTYPES)
         problems.append(
@@ -178,7 +209,9 @@ def check_layout(layout: Layout) -> list[Diagnostic]:
         )
     elif align > MAX_ALIGN:
         problems.append(
-            Diagnostic("SOA204", f"alignment {align} is too large", align_span, f"at most {MAX_ALIGN}")
+            Diagnostic(
+                "SOA204", f"alignment {align} is too large", align_span, f"at most {MAX_ALIGN}"
+            )
         )
     else:
         typed = [m for m in layout.members if m.dtype_name in DTYPES]
@@ -204,14 +237,17 @@ def _check_block(binding: Binding, layout: Layout) -> list[Diagnostic]:
     for name, span in zip(binding.member_names, binding.member_spans, strict=True):
         member = layout.member(name)
         if member is None:
-            hint = _suggest(name, [m.name for m in layout.members])
-            problems.append(Diagnostic("SOA103", f"`{layout.name}` has no member `{name}`", span, hint))
+            hint = did_you_mean(name, [m.name for m in layout.members])
+            problems.append(
+                Diagnostic("SOA103", f"`{layout.name}` has no member `{name}`", span, hint)
+            )
         elif name in seen:
             problems.append(Diagnostic("SOA305", f"block names `{name}` twice", span))
         else:
             seen.add(name)
             members.append(member)
-    if problems or not members:
+    # A member of unknown dtype was reported by the layout check; comparing it would only repeat that.
+    if problems or not members or any(m.dtype_name not in DTYPES for m in members):
         return problems
     first = members[0]
     for member, span in zip(members[1:], binding.member_spans[1:], strict=False):
@@ -298,9 +334,15 @@ def _check_axes(binding: Binding, member: Member) -> list[Diagnostic]:
     for letter, meaning in (("n", "elements"), ("c", "columns")):
         hits = [axis for axis in binding.axes if axis.text == letter]
         if len(hits) > 1:
-            return [Diagnostic("SOA307", f"axis `{letter}` ({meaning}) appears twice", hits[1].span)]
+            return [
+                Diagnostic("SOA307", f"axis `{letter}` ({meaning}) appears twice", hits[1].span)
+            ]
     if "n" not in written:
-        return [Diagnostic("SOA307", "the axis list has no `n` (elements) axis", span, f"e.g. as {example}")]
+        return [
+            Diagnostic(
+                "SOA307", "the axis list has no `n` (elements) axis", span, f"e.g. as {example}"
+            )
+        ]
     if len(binding.member_names) > 1 and "c" not in written:
         return [
             Diagnostic(
@@ -338,7 +380,7 @@ def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
                     "SOA102",
                     f"unknown layout `{binding.layout_name}`",
                     binding.layout_span,
-                    _suggest(binding.layout_name, layouts)
+                    did_you_mean(binding.layout_name, layouts)
                     or "declare it in this file or import the file that does",
                 )
             )
@@ -347,19 +389,22 @@ def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
     return problems
 
 
-def check_block_names(models: Iterable[Model]) -> list[Diagnostic]:
+def check_block_names(
+    models: Iterable[Model], layouts: dict[str, Layout] | None = None
+) -> list[Diagnostic]:
     """Blocks are reachable by binding name from their layout, so one name means one block per layout."""
     problems: list[Diagnostic] = []
     seen: dict[tuple[str, str], Binding] = {}
+    layouts = layouts or {}
     for model in models:
         for binding in model.bindings:
             key = (binding.layout_name, binding.name)
             earlier = seen.get(key)
             if earlier is None:
                 seen[key] = binding
-            elif (earlier.member_names, _axes_text(earlier)) != (
+            elif (earlier.member_names, _axes_text(earlier, layouts)) != (
                 binding.member_names,
-                _axes_text(binding),
+                _axes_text(binding, layouts),
             ):
                 problems.append(
                     Diagnostic(
@@ -373,7 +418,12 @@ def check_block_names(models: Iterable[Model]) -> list[Diagnostic]:
     return problems
 
 
-def _axes_text(binding: Binding) -> tuple[str, ...] | None:
+def _axes_text(binding: Binding, layouts: dict[str, Layout]) -> tuple[str, ...] | None:
+    """The axes a block really has: `as [n, c]` and no `as` at all are the same block."""
+    layout = layouts.get(binding.layout_name)
+    first = layout.member(binding.member_names[0]) if layout is not None else None
+    if first is not None:
+        return block_axes(binding, first)
     return None if binding.axes is None else tuple(axis.text for axis in binding.axes)
 
 
@@ -384,5 +434,5 @@ def check_file(schema_file: SchemaFile, visible_layouts: dict[str, Layout]) -> l
         problems += check_layout(layout)
     for model in schema_file.models:
         problems += check_model(model, visible_layouts)
-    problems += check_block_names(schema_file.models)
+    problems += check_block_names(schema_file.models, visible_layouts)
     return problems

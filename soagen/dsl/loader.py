@@ -6,13 +6,14 @@ dependencies before the files that import them, so generated modules can import 
 
 from __future__ import annotations
 
+import keyword
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from soagen.diagnostics import Diagnostic, SchemaError, Span
 from soagen.dsl.check import check_file
-from soagen.dsl.ir import Layout, Schema, SchemaFile
+from soagen.dsl.ir import Import, Layout, Model, Schema, SchemaFile
 from soagen.dsl.parser import parse
 
 
@@ -46,59 +47,137 @@ class _Loader:
         self.import_paths: list[tuple[str, str, str]] = []
         self.dependencies: dict[Path, list[Path]] = {}
 
-    def read(self, path: Path, stack: list[Path], import_span: Span | None) -> None:
-        if path in stack:
-            cycle = " -> ".join(display_path(p) for p in [*stack[stack.index(path) :], path])
-            assert import_span is not None
-            self.diagnostics.append(
-                Diagnostic("SOA402", f"imports form a cycle: {cycle}", import_span, "move the shared layouts into a file both import")
-            )
-            return
-        if path in self.files:
-            return
+    def read_all(self, root: Path) -> None:
+        """Depth first through the imports, with an explicit stack: a chain of thousands of files
+        must not exhaust Python's recursion limit. Each file is finished after its imports."""
+        frames: list[tuple[Path, list[Import]]] = []
+        self.enter(root, None, frames)
+        while frames:
+            path, pending = frames[-1]
+            if not pending:
+                frames.pop()
+                self.order.append(path)
+                continue
+            item = pending.pop(0)
+            target = _resolve(path, item.target)
+            if target is None:
+                self.diagnostics.append(
+                    Diagnostic(
+                        "SOA401", "cannot import: the path is empty or holds a NUL", item.span
+                    )
+                )
+                continue
+            self.import_paths.append((display_path(path), item.target, display_path(target)))
+            self.dependencies[path].append(target)
+            stack = [frame_path for frame_path, _ in frames]
+            if target in stack:
+                cycle = " -> ".join(
+                    display_path(p) for p in [*stack[stack.index(target) :], target]
+                )
+                self.diagnostics.append(
+                    Diagnostic(
+                        "SOA402",
+                        f"imports form a cycle: {cycle}",
+                        item.span,
+                        "move the shared layouts into a file both import",
+                    )
+                )
+            elif target not in self.files:
+                self.enter(target, item.span, frames)
+
+    def enter(
+        self, path: Path, import_span: Span | None, frames: list[tuple[Path, list[Import]]]
+    ) -> None:
+        """Read and parse one file; a parsed file goes on the stack to have its imports read."""
         shown = display_path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
+        text = self.text(path, shown, import_span)
+        if text is None:
             self.files[path] = None
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-            if import_span is not None:
-                self.diagnostics.append(
-                    Diagnostic("SOA401", f"cannot import `{shown}`: {reason}", import_span)
-                )
-            else:
-                self.diagnostics.append(
-                    Diagnostic("SOA002", f"cannot read `{shown}`: {reason}", Span(shown, 1, 1, 1, 1))
-                )
             return
         self.sources[shown] = text
         schema_file, problems = parse(text, shown)
         self.diagnostics += problems
         self.files[path] = schema_file
         self.dependencies[path] = []
-        if schema_file is not None:
-            for item in schema_file.imports:
-                target = (path.parent / item.target).resolve()
-                self.import_paths.append((shown, item.target, display_path(target)))
-                self.dependencies[path].append(target)
-                self.read(target, [*stack, path], item.span)
-        self.order.append(path)
+        frames.append((path, list(schema_file.imports) if schema_file is not None else []))
+
+    def text(self, path: Path, shown: str, import_span: Span | None) -> str | None:
+        reason = None
+        try:
+            # A FIFO or a device would block or never end: only regular files are schemas.
+            if path.exists() and not path.is_file():
+                reason = "not a regular file"
+            else:
+                # utf-8-sig: editors on Windows open files with a byte order mark.
+                return path.read_text(encoding="utf-8-sig")
+        except OSError as error:
+            reason = error.strerror or str(error)
+        except (UnicodeDecodeError, ValueError) as error:
+            reason = (
+                f"not UTF-8 text ({error})" if isinstance(error, UnicodeDecodeError) else str(error)
+            )
+        if import_span is not None:
+            self.diagnostics.append(
+                Diagnostic("SOA401", f"cannot import `{shown}`: {reason}", import_span)
+            )
+        else:
+            self.diagnostics.append(
+                Diagnostic("SOA002", f"cannot read `{shown}`: {reason}", Span(shown, 1, 1, 1, 1))
+            )
+        return None
+
+
+def _resolve(importer: Path, target: str) -> Path | None:
+    """The absolute path an import names, relative to the importing file; None if it cannot be one."""
+    if not target or "\x00" in target:
+        return None
+    try:
+        return (importer.parent / target).resolve()
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a symlink loop, on older Pythons
+        return None
+
+
+def _module_name_problem(schema_file: SchemaFile) -> str | None:
+    """Why the module generated from this file could not be imported, if it could not."""
+    name = schema_file.module_name
+    if not name.isascii() or not name.isidentifier():
+        return f"module name `{name}` is not a Python identifier"
+    if keyword.iskeyword(name):
+        return f"module name `{name}` is a Python keyword"
+    if name.startswith("__") and name.endswith("__"):
+        return f"module name `{name}` is reserved by Python"
+    return None
 
 
 def load(path: str | os.PathLike[str]) -> LoadResult:
     """Parse and check a schema and its imports. Never raises for problems in the schema."""
     loader = _Loader()
-    root = Path(path).resolve()
-    loader.read(root, [], None)
+    try:
+        root = Path(path).resolve()
+    except (OSError, ValueError, RuntimeError) as error:
+        shown = os.fspath(path).replace("\x00", "\\0")
+        span = Span(shown, 1, 1, 1, 1)
+        return LoadResult(None, [Diagnostic("SOA002", f"cannot read `{shown}`: {error}", span)])
+    loader.read_all(root)
     diagnostics = loader.diagnostics
-    files = [loader.files[p] for p in loader.order]
-    parsed = [f for f in files if f is not None]
-    if len(parsed) != len(files) or loader.files.get(root) is None:
-        return LoadResult(None, _sorted(diagnostics), loader.sources)
+    parsed = [f for p in loader.order if (f := loader.files[p]) is not None]
+    # Files that could not be read or parsed: their layouts are unknown, so layouts missing from a
+    # file that imports one of them are not reported, but every other problem still is.
+    broken = {p for p, f in loader.files.items() if f is None}
     # Names are global across files: one generated class each, imported by name.
     owners: dict[str, tuple[SchemaFile, Span]] = {}
     module_names: dict[str, SchemaFile] = {}
     for schema_file in parsed:
+        problem = _module_name_problem(schema_file)
+        if problem is not None:
+            diagnostics.append(
+                Diagnostic(
+                    "SOA108",
+                    f"`{schema_file.path}` cannot become a Python module: {problem}",
+                    Span(schema_file.path, 1, 1, 1, 1),
+                    "rename the file: letters, digits and `_`, not starting with a digit",
+                )
+            )
         other = module_names.get(schema_file.module_name)
         if other is not None:
             diagnostics.append(
@@ -111,7 +190,8 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
                 )
             )
         module_names[schema_file.module_name] = schema_file
-        for declaration in (*schema_file.layouts, *schema_file.models):
+        declarations: list[Layout | Model] = [*schema_file.layouts, *schema_file.models]
+        for declaration in declarations:
             owner = owners.get(declaration.name)
             if owner is not None and owner[0] is not schema_file:
                 diagnostics.append(
@@ -119,24 +199,28 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
                         "SOA403",
                         f"`{declaration.name}` is also declared in `{owner[0].path}`",
                         declaration.span,
+                        "rename one of them: generated modules import layouts by name",
                         related=(("declared", owner[1]),),
                     )
                 )
             owners.setdefault(declaration.name, (schema_file, declaration.span))
-    by_path = {p: loader.files[p] for p in loader.order}
     for file_path in loader.order:
-        schema_file = by_path[file_path]
-        assert schema_file is not None
+        checked = loader.files[file_path]
+        if checked is None:
+            continue
         visible: dict[str, Layout] = {}
-        for dependency in _closure(file_path, loader.dependencies):
-            dependency_file = by_path.get(dependency)
+        closure = _closure(file_path, loader.dependencies)
+        for dependency in closure:
+            dependency_file = loader.files.get(dependency)
             if dependency_file is not None:
                 visible.update({layout.name: layout for layout in dependency_file.layouts})
-        visible.update({layout.name: layout for layout in schema_file.layouts})
-        diagnostics += check_file(schema_file, visible)
-    root_file = by_path[root]
-    assert root_file is not None
-    if diagnostics:
+        visible.update({layout.name: layout for layout in checked.layouts})
+        problems = check_file(checked, visible)
+        if broken.intersection(closure):
+            problems = [d for d in problems if d.code != "SOA102"]
+        diagnostics += problems
+    root_file = loader.files.get(root)
+    if diagnostics or root_file is None:
         return LoadResult(None, _sorted(diagnostics), loader.sources)
     schema = Schema(root_file, tuple(parsed), tuple(loader.import_paths))
     return LoadResult(schema, [], loader.sources)

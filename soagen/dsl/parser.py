@@ -11,8 +11,9 @@ from importlib import resources
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from soagen.diagnostics import Diagnostic, Span
+from soagen.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import (
+    DEFAULT_ALIGN,
     Axis,
     Binding,
     Direction,
@@ -74,21 +75,54 @@ def _token_text(token: Token) -> str:
     return f"`{token}`"
 
 
+def _char_text(char: str) -> str:
+    """A character as a message shows it: invisible and control characters by code point."""
+    if not char:
+        return "the end of the file"
+    if char.isprintable() and not char.isspace():
+        return f"`{char}`"
+    return f"U+{ord(char):04X}"
+
+
+def _char_hint(char: str) -> str | None:
+    if char == '"':
+        return "a quoted path must close on the same line"
+    if char in "\u201c\u201d\u2018\u2019":
+        return 'write straight quotes: import "other.soa"'
+    if char.isdigit():
+        return "numbers use the ASCII digits 0-9"
+    if char == "\ufeff":
+        return "a byte order mark may only open the file"
+    if char.isspace() or not char.isprintable():
+        return "remove this invisible character"
+    if not char.isascii():
+        return "names use letters, digits and `_`"
+    return None
+
+
+def _end_position(text: str) -> tuple[int, int]:
+    """Where the text ends, counting lines as Lark does: split by newline characters only."""
+    lines = text.split("\n")
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()  # trailing blank lines: point at the end of the last line with text
+    return len(lines), len(lines[-1].rstrip()) + 1
+
+
 def _syntax_diagnostic(error: UnexpectedInput, path: str, text: str) -> Diagnostic:
     line = error.line if error.line > 0 else max(1, text.count("\n") + 1)
     column = error.column if error.column > 0 else 1
     if isinstance(error, UnexpectedCharacters):
-        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
-        message = f"unexpected character `{char}`"
-        hint = None
-        if char == '"':
-            hint = "a quoted path must close on the same line"
-        elif not char.isascii():
-            hint = "names use letters, digits and `_`"
+        position = len(text) if error.pos_in_stream is None else error.pos_in_stream
+        char = text[position] if position < len(text) else ""
         span = Span(path, line, column, line, column + 1)
-        return Diagnostic("SOA001", message, span, hint)
+        return Diagnostic(
+            "SOA001", f"unexpected character {_char_text(char)}", span, _char_hint(char)
+        )
     if isinstance(error, UnexpectedToken):
         token = error.token
+        previous = _previous_token(error)
+        if previous is not None and previous.type == "DOC_COMMENT":
+            return _dangling_doc(previous, token, path)
         expected = _expected_words(set(error.expected))
         message = f"unexpected {_token_text(token)}"
         if token.type == "$END":
@@ -96,8 +130,7 @@ def _syntax_diagnostic(error: UnexpectedInput, path: str, text: str) -> Diagnost
         if expected:
             message += f", expected {expected}"
         if token.type == "$END":
-            lines = text.splitlines() or [""]
-            line, column = len(lines), len(lines[-1]) + 1
+            line, column = _end_position(text)
             span = Span(path, line, column, line, column + 1)
         else:
             end_column = token.end_column if token.end_column else column + len(str(token))
@@ -105,13 +138,36 @@ def _syntax_diagnostic(error: UnexpectedInput, path: str, text: str) -> Diagnost
         hint = _syntax_hint(token, set(error.expected))
         return Diagnostic("SOA001", message, span, hint)
     if isinstance(error, UnexpectedEOF):
-        lines = text.splitlines() or [""]
         expected = _expected_words(set(error.expected))
-        span = Span(path, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
+        line, column = _end_position(text)
+        span = Span(path, line, column, line, column + 1)
         message = "unexpected end of file" + (f", expected {expected}" if expected else "")
         return Diagnostic("SOA001", message, span)
     span = Span(path, line, column, line, column + 1)
     return Diagnostic("SOA001", str(error).strip().splitlines()[0], span)
+
+
+def _previous_token(error: UnexpectedToken) -> Token | None:
+    """The token read just before the unexpected one (Lark records none before the end of file)."""
+    history = getattr(error, "token_history", None)
+    if history:
+        last = history[-1]
+        return last if isinstance(last, Token) else None
+    parser = getattr(error, "interactive_parser", None)
+    stack = parser.parser_state.value_stack if parser is not None else []
+    return stack[-1] if stack and isinstance(stack[-1], Token) else None
+
+
+def _dangling_doc(doc: Token, found: Token, path: str) -> Diagnostic:
+    """A `///` with no declaration after it: the grammar's "expected" list would only confuse here."""
+    line, column = doc.line or 1, doc.column or 1
+    span = Span(path, line, column, doc.end_line or line, doc.end_column or column + len(doc))
+    return Diagnostic(
+        "SOA001",
+        f"doc comment is followed by {_token_text(found)}, not by a declaration it could document",
+        span,
+        "put `///` right above a layout, model, member or binding; write `//` for a plain comment",
+    )
 
 
 _KEYWORDS = {"import", "layout", "model", "align", "column", "scalar", "as", "input", "output"}
@@ -120,16 +176,51 @@ _KEYWORDS = {"import", "layout", "model", "align", "column", "scalar", "as", "in
 def _syntax_hint(token: Token, expected: set[str]) -> str | None:
     if "NAME" in expected and str(token) in _KEYWORDS:
         return f"`{token}` is a keyword of the .soa language; choose another name"
+    if token.type == "NAME":
+        keywords = [word for word in sorted(_KEYWORDS) if word.upper() in expected]
+        keywords += ["input", "output"] if "DIRECTION" in expected else []
+        hint = did_you_mean(str(token), keywords)
+        if hint is not None:
+            return hint
     if token.type == "$END" and "RBRACE" in expected:
         return "a `{` is not closed"
     return None
 
 
+# Far beyond any alignment or extent the checker accepts, and short enough that int() and messages
+# stay cheap: Python refuses to convert strings of more than 4300 digits at all.
+MAX_DIGITS = 30
+
+
+def _doc_line(token: Token) -> str:
+    body = str(token)[3:]
+    # Trailing blanks include the `\r` of CRLF files: the same text gives the same docs either way.
+    return (body[1:] if body.startswith(" ") else body).rstrip()
+
+
 class _Builder:
-    """Walks one parse tree into a `SchemaFile`."""
+    """Walks one parse tree into a `SchemaFile`, noting numbers too large to hold."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.problems: list[Diagnostic] = []
+
+    def number(self, token: Token) -> int | None:
+        """The value of a number literal; None, and a diagnostic, when it has too many digits."""
+        text = str(token)
+        digits = text.lstrip("+-").lstrip("0")
+        if len(digits) <= MAX_DIGITS:
+            return int(text)
+        shown = text if len(text) <= 24 else f"{text[:10]}...{text[-10:]}"
+        self.problems.append(
+            Diagnostic(
+                "SOA204",
+                f"number `{shown}` has {len(digits)} digits",
+                self.span(token),
+                f"numbers in a schema have at most {MAX_DIGITS} digits",
+            )
+        )
+        return None
 
     def span(self, item: Token | Tree[Token]) -> Span:
         if isinstance(item, Token):
@@ -151,12 +242,13 @@ class _Builder:
         for comment in comments:
             token = comment.children[0]
             assert isinstance(token, Token)
-            body = str(token)[3:]
-            lines.append(body[1:] if body.startswith(" ") else body)
+            lines.append(_doc_line(token))
         return "\n".join(lines).strip("\n") or None
 
     @staticmethod
-    def split(children: list[Token | Tree[Token]]) -> tuple[list[Tree[Token]], list[Token | Tree[Token]]]:
+    def split(
+        children: list[Token | Tree[Token]],
+    ) -> tuple[list[Tree[Token]], list[Token | Tree[Token]]]:
         docs = [c for c in children if isinstance(c, Tree) and c.data == "doc_comment"]
         rest = [c for c in children if not (isinstance(c, Tree) and c.data == "doc_comment")]
         return docs, rest
@@ -171,8 +263,7 @@ class _Builder:
             if child.data == "module_doc":
                 token = child.children[0]
                 assert isinstance(token, Token)
-                body = str(token)[3:]
-                module_docs.append(body[1:] if body.startswith(" ") else body)
+                module_docs.append(_doc_line(token))
             elif child.data == "import_stmt":
                 token = child.children[0]
                 assert isinstance(token, Token)
@@ -196,7 +287,11 @@ class _Builder:
             if item.data == "align_stmt":
                 value = parts[0]
                 assert isinstance(value, Token)
-                align_statements.append((int(str(value)), self.span(value)))
+                # A number too large was reported; the default stands in so no other error follows.
+                align = self.number(value)
+                align_statements.append(
+                    (DEFAULT_ALIGN if align is None else align, self.span(value))
+                )
                 continue
             kind = MemberKind.COLUMN if item.data == "column_stmt" else MemberKind.SCALAR
             dtype_tree, names = parts
@@ -207,7 +302,12 @@ class _Builder:
             if len(dtype_tree.children) > 1:
                 shape_tree = dtype_tree.children[1]
                 assert isinstance(shape_tree, Tree)
-                shape = tuple(int(str(extent)) for extent in shape_tree.children)
+                shape = tuple(
+                    1 if extent is None else extent
+                    for extent in (
+                        self.number(t) for t in shape_tree.children if isinstance(t, Token)
+                    )
+                )
             doc = self.doc(item_docs)
             for name_token in names.children:
                 assert isinstance(name_token, Token)
@@ -249,10 +349,12 @@ class _Builder:
         axes: tuple[Axis, ...] | None = None
         axes_span: Span | None = None
         if len(parts) > 4:
-            axes_tree = parts[4]
+            axes_tree = parts[4].children[0] if isinstance(parts[4], Tree) else None
             assert isinstance(axes_tree, Tree)
             axes_span = self.span(axes_tree)
-            axes = tuple(self.axis(axis) for axis in axes_tree.children if isinstance(axis, Tree))
+            written = [self.axis(axis) for axis in axes_tree.children if isinstance(axis, Tree)]
+            # An axis number too large was reported; checking the rest of the list would only repeat it.
+            axes = None if any(axis is None for axis in written) else tuple(a for a in written if a)
         member_tokens = [t for t in names.children if isinstance(t, Token)]
         return Binding(
             Direction(str(direction)),
@@ -267,16 +369,22 @@ class _Builder:
             axes_span,
         )
 
-    def axis(self, tree: Tree[Token]) -> Axis:
+    def axis(self, tree: Tree[Token]) -> Axis | None:
         token = tree.children[0]
         assert isinstance(token, Token)
-        return Axis(str(token), self.span(token))
+        if token.type != "SIGNED_INT":
+            return Axis(str(token), self.span(token))
+        # Extents compare and print as written in canonical form: `+3` and `03` are `3`.
+        value = self.number(token)
+        return None if value is None else Axis(str(value), self.span(token))
 
 
 def parse(text: str, path: str) -> tuple[SchemaFile | None, list[Diagnostic]]:
-    """Parse one file. Returns the IR, or None and the syntax error."""
+    """Parse one file. Returns the IR (None after a syntax error) and the problems found."""
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as error:
         return None, [_syntax_diagnostic(error, path, text)]
-    return _Builder(path).build(tree), []
+    builder = _Builder(path)
+    schema_file = builder.build(tree)
+    return schema_file, builder.problems
