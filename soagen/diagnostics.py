@@ -170,3 +170,31 @@ def to_json_object(diagnostic: Diagnostic) -> dict[str, object]:
 
 def render_json(diagnostics: Iterable[Diagnostic]) -> str:
     return json.dumps({"diagnostics": [to_json_object(d) for d in diagnostics]}, indent=2)
+
+
+def _github_escape(text: str, property_value: bool = False) -> str:
+    """GitHub workflow commands' escaping: `%`, CR and LF always; `:` and `,` in properties."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
+
+
+def render_github(diagnostics: Iterable[Diagnostic]) -> str:
+    """One workflow annotation per diagnostic (`::error file=...,line=...,col=...::message`)."""
+    lines = []
+    for diagnostic in diagnostics:
+        span = diagnostic.span
+        level = "warning" if diagnostic.severity == "warning" else "error"
+        properties = ",".join(
+            f"{key}={_github_escape(str(value), property_value=True)}"
+            for key, value in (
+                ("file", span.path),
+                ("line", span.line),
+                ("col", span.column),
+                ("endLine", span.end_line),
+                ("endColumn", span.end_column),
+                ("title", f"soagen {diagnostic.code}"),
+            )
+        )
+        message = diagnostic.message + (f" ({diagnostic.hint})" if diagnostic.hint else "")
+        lines.append(f"::{level} {properties}::{_github_escape(message)}")
+    return "\n".join(lines)

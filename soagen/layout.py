@@ -69,7 +69,10 @@ class Stride:
     constant: int
 
     def evaluate(self, n: int, align: int) -> int:
-        return self.coefficient * column_pitch(n, self.itemsize, align) // self.itemsize + self.constant
+        return (
+            self.coefficient * column_pitch(n, self.itemsize, align) // self.itemsize
+            + self.constant
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,8 @@ def byte_size(layout: Layout) -> Linear:
 def _array_strides(member: Member) -> list[Stride]:
     """Column-major (Eigen's default): extent k steps over the product of the extents before it."""
     return [
-        Stride(member.itemsize, math.prod(member.shape[:axis]), 0) for axis in range(len(member.shape))
+        Stride(member.itemsize, math.prod(member.shape[:axis]), 0)
+        for axis in range(len(member.shape))
     ]
 
 
@@ -148,7 +152,9 @@ def block_view(layout: Layout, binding: Binding) -> ViewForm:
     is_scalar = first.kind is MemberKind.SCALAR
     element = Stride(first.itemsize, 0, 0 if is_scalar else 1)
     if is_scalar:
-        between_members = Stride(first.itemsize, 0, round_up(first.itemsize, layout.align) // first.itemsize)
+        between_members = Stride(
+            first.itemsize, 0, round_up(first.itemsize, layout.align) // first.itemsize
+        )
     else:
         between_members = Stride(first.itemsize, first.coefficient_count, 0)
     array_strides = iter(_array_strides(first))
@@ -165,4 +171,6 @@ def block_view(layout: Layout, binding: Binding) -> ViewForm:
         else:
             shape.append(next(array_extents))
             strides.append(next(array_strides))
-    return ViewForm(first.dtype_name, tuple(shape), tuple(strides), member_offsets(layout)[first.name])
+    return ViewForm(
+        first.dtype_name, tuple(shape), tuple(strides), member_offsets(layout)[first.name]
+    )

@@ -1,0 +1,323 @@
+"""The schema tooling commands of `soagen`: lint, fmt, breaking, completion.
+
+Kept apart from `soagen.cli` so that file only registers them; each handler imports its engine when
+it runs, so `soagen generate` never pays for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths
+from soagen.diagnostics import Diagnostic, render_github, render_text, to_json_object
+
+CommandFactory = Callable[..., argparse.ArgumentParser]
+
+
+def _rule_list(text: str) -> list[str]:
+    return [item for item in (part.strip() for part in text.split(",")) if item]
+
+
+def add_commands(factory: CommandFactory) -> None:
+    """Register the tooling subcommands through `soagen.cli`'s own `command` helper."""
+    lint = factory(
+        "lint",
+        "check schemas against style and design rules (pyproject [tool.soagen.lint])",
+        formats=("text", "json", "github"),
+    )
+    lint.add_argument(
+        "schemas",
+        nargs="*",
+        default=["schemas"],
+        metavar="SCHEMA",
+        help=".soa files or folders (default schemas)",
+    )
+    lint.add_argument(
+        "--select",
+        type=_rule_list,
+        metavar="RULES",
+        help="comma-separated rule IDs or categories (MINIMAL, BASIC, STANDARD); replaces the "
+        "configured list",
+    )
+    lint.add_argument(
+        "--ignore",
+        type=_rule_list,
+        default=[],
+        metavar="RULES",
+        help="comma-separated rule IDs or categories to leave out",
+    )
+    lint.add_argument(
+        "--config",
+        metavar="PYPROJECT",
+        help="a pyproject.toml to use instead of the nearest one above each schema",
+    )
+    lint.add_argument(
+        "--list-rules", action="store_true", help="print every rule with its category and exit"
+    )
+
+    fmt = factory("fmt", "format schemas in the one canonical style, keeping every comment")
+    fmt.add_argument(
+        "schemas",
+        nargs="*",
+        default=["schemas"],
+        metavar="SCHEMA",
+        help=".soa files or folders (default schemas); `-` reads stdin and writes stdout",
+    )
+    mode = fmt.add_mutually_exclusive_group()
+    mode.add_argument("-w", "--write", action="store_true", help="rewrite files in place")
+    mode.add_argument(
+        "--check", action="store_true", help="exit 1 if any file is not formatted; change nothing"
+    )
+    fmt.add_argument(
+        "--diff",
+        action="store_true",
+        help="print a unified diff of what formatting would change; exit 1 if anything would",
+    )
+
+    breaking = factory(
+        "breaking",
+        "report changes since a git ref that break generated code or shared buffers",
+        formats=("text", "json", "github"),
+    )
+    breaking.add_argument(
+        "schemas",
+        nargs="*",
+        default=["."],
+        metavar="SCHEMA",
+        help=".soa files or folders (default: every .soa file git knows of)",
+    )
+    breaking.add_argument(
+        "--against", required=True, metavar="REF", help="git ref to compare with (HEAD, a branch)"
+    )
+
+    completion = factory("completion", "print a shell completion script")
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
+
+
+def _counted(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _print_diagnostics(
+    diagnostics: list[Diagnostic], sources: dict[str, str], output: _Output
+) -> None:
+    if output.format == "github":
+        if diagnostics:
+            print(render_github(diagnostics))
+    elif output.format == "text" and diagnostics:
+        print(render_text(diagnostics, sources, output.color))
+
+
+def cmd_lint(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.config import ConfigError, load_config
+    from soagen.lint import RULES, lint
+
+    if args.list_rules:
+        if output.format == "json":
+            rules = [{"id": r.id, "category": r.category, "purpose": r.purpose} for r in RULES]
+            print(json.dumps({"rules": rules}, indent=2))
+        else:
+            width = max(len(rule.id) for rule in RULES)
+            for rule in RULES:
+                print(f"{rule.id.ljust(width)}  {rule.category.ljust(8)}  {rule.purpose}")
+        return EXIT_OK
+    try:
+        config = load_config(Path(args.config)) if args.config else None
+        report = lint(_schema_paths(args.schemas), args.select, args.ignore, config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from error
+    if output.format == "json":
+        print(
+            json.dumps(
+                {
+                    "diagnostics": [to_json_object(d) for d in report.diagnostics],
+                    "files": report.files,
+                    "findings": report.findings,
+                    "schema_errors": report.schema_errors,
+                },
+                indent=2,
+            )
+        )
+    else:
+        _print_diagnostics(report.diagnostics, report.sources, output)
+        if output.format == "text":
+            if report.diagnostics:
+                parts = [_counted(report.findings, "finding")]
+                if report.schema_errors:
+                    parts.append(_counted(report.schema_errors, "schema error"))
+                print(f"{' and '.join(parts)} in {_counted(report.files, 'file')}")
+            else:
+                print(f"{_counted(report.files, 'file')} checked: no findings")
+    return EXIT_PROBLEMS if report.diagnostics else EXIT_OK
+
+
+def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.fmt import FormatBug, format_source
+
+    if args.schemas == ["-"]:
+        text = sys.stdin.read()
+        try:
+            formatted, problems = format_source(text, "<stdin>")
+        except FormatBug as bug:  # never expected
+            print(f"soagen: internal error: {bug}", file=sys.stderr)
+            return EXIT_PROBLEMS
+        if formatted is None:
+            output.sources["<stdin>"] = text
+            output.diagnostics += problems
+            return EXIT_PROBLEMS
+        if args.diff:
+            sys.stdout.write(_diff(text, formatted, "<stdin>"))
+        elif not args.check:
+            sys.stdout.write(formatted)
+        return EXIT_PROBLEMS if (args.check or args.diff) and formatted != text else EXIT_OK
+    if "-" in args.schemas:
+        raise UsageError("`-` (stdin) cannot be combined with paths")
+    changed: list[str] = []
+    failed = False
+    results: list[dict[str, object]] = []
+    printed: list[str] = []
+    for path in _schema_paths(args.schemas):
+        shown = path.as_posix()
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"cannot read `{shown}`: {error}") from error
+        try:
+            formatted, problems = format_source(text, shown)
+        except FormatBug as bug:  # never expected; the file is left as it is
+            print(f"soagen: internal error: {bug}", file=sys.stderr)
+            results.append({"path": shown, "changed": False, "error": True})
+            failed = True
+            continue
+        if formatted is None:
+            output.sources[shown] = text
+            output.diagnostics += problems
+            results.append({"path": shown, "changed": False, "error": True})
+            continue
+        is_changed = formatted != text
+        results.append({"path": shown, "changed": is_changed, "error": False})
+        if is_changed:
+            changed.append(shown)
+        if args.diff and is_changed:
+            printed.append(_diff(text, formatted, shown))
+        if args.write and is_changed:
+            path.write_text(formatted, encoding="utf-8")
+        elif not (args.write or args.check or args.diff):
+            printed.append(formatted)
+    if output.format == "json":
+        print(json.dumps({"files": results}, indent=2))
+    else:
+        sys.stdout.write("".join(printed))
+        if args.write:
+            for shown in changed:
+                print(f"formatted {shown}", file=sys.stderr)
+        elif args.check or args.diff:
+            for shown in changed:
+                print(f"would reformat {shown}", file=sys.stderr)
+            if not changed and not output.diagnostics:
+                print(f"{_counted(len(results), 'file')} already formatted", file=sys.stderr)
+    if output.diagnostics or failed:
+        return EXIT_PROBLEMS
+    return EXIT_PROBLEMS if changed and (args.check or args.diff) else EXIT_OK
+
+
+def _diff(before: str, after: str, shown: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"{shown} (original)",
+            tofile=f"{shown} (formatted)",
+        )
+    )
+
+
+def cmd_breaking(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.breaking import BreakingUsageError, compare
+
+    try:
+        report = compare(args.schemas, args.against)
+    except BreakingUsageError as error:
+        raise UsageError(str(error)) from error
+    if report.errors:
+        output.sources.update(report.sources)
+        output.diagnostics += report.errors
+        if output.format == "text":
+            print("cannot compare: the schemas have errors", file=sys.stderr)
+        return EXIT_PROBLEMS
+    diagnostics = [change.diagnostic for change in report.changes]
+    if output.format == "json":
+        changes = [
+            {"level": change.level, **to_json_object(change.diagnostic)}
+            for change in report.changes
+        ]
+        print(json.dumps({"against": args.against, "changes": changes}, indent=2))
+    elif output.format == "github":
+        _print_diagnostics(diagnostics, report.sources, output)
+    else:
+        labelled = [
+            Diagnostic(d.code, f"{change.level}: {d.message}", d.span, d.hint, "breaking")
+            for change, d in zip(report.changes, diagnostics, strict=True)
+        ]
+        _print_diagnostics(labelled, report.sources, output)
+        levels = sorted({change.level for change in report.changes})
+        if report.changes:
+            print(
+                f"{_counted(len(report.changes), 'breaking change')} against {args.against} "
+                f"({', '.join(levels)})"
+            )
+        else:
+            print(f"no breaking changes against {args.against}")
+    return EXIT_PROBLEMS if report.changes else EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.cli import _parser
+    from soagen.completion import script
+
+    sys.stdout.write(script(args.shell, _parser(), all_codes()))
+    return EXIT_OK
+
+
+def all_codes() -> tuple[str, ...]:
+    """Every code `soagen explain` knows: diagnostics, lint rules, breaking-change kinds."""
+    from soagen.breaking import BREAKING_RULES
+    from soagen.diagnostics import CODES
+    from soagen.lint import RULES_BY_ID
+
+    return (*CODES, *RULES_BY_ID, *BREAKING_RULES)
+
+
+def explain(code: str) -> str | None:
+    """What a lint rule or a breaking-change kind means; None for other codes."""
+    from soagen.breaking import BREAKING_RULES
+    from soagen.lint import explain_rule
+
+    text = explain_rule(code)
+    if text is not None:
+        return text
+    if code in BREAKING_RULES:
+        level, summary = BREAKING_RULES[code]
+        return f"{code} (breaking, {level} level): {summary}"
+    return None
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace, _Output], int]] = {
+    "lint": cmd_lint,
+    "fmt": cmd_fmt,
+    "breaking": cmd_breaking,
+    "completion": cmd_completion,
+}
+
+
+def run(name: str, args: argparse.Namespace, output: _Output) -> int:
+    return HANDLERS[name](args, output)
+
+
+def command_names() -> Sequence[str]:
+    return tuple(HANDLERS)
