@@ -228,14 +228,14 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
 
 def _closure(start: Path, dependencies: dict[Path, list[Path]]) -> list[Path]:
     """Files whose layouts `start` can use: the ones it imports, directly or through others."""
-    seen: list[Path] = []
+    seen: dict[Path, None] = {}  # ordered, with constant-time membership: chains can be long
     pending = list(dependencies.get(start, []))
     while pending:
         current = pending.pop()
         if current not in seen and current != start:
-            seen.append(current)
+            seen[current] = None
             pending += dependencies.get(current, [])
-    return seen
+    return list(seen)
 
 
 def _sorted(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
