@@ -322,3 +322,35 @@ class EdgeClassifier(_soagen.ModelBinding):
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("edge_scores", "output", EdgeScores.BLOCKS["edge_scores"]),
     )
+
+    def __call__(
+        self,
+        nodes: Nodes,
+        edges: Edges,
+        *,
+        out: EdgeScores,
+        stream: object | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run EdgeClassifier on zero-copy views of the inputs; write its outputs into `out`.
+
+        input node_features: Nodes{x, y, z, energy} as [n, c]
+        input edge_index: Edges{src, dst} as [c, n]
+        input edge_features: Edges{delta_r, delta_eta} as [n, c]
+        output edge_scores: EdgeScores{score} as [n]
+
+        `stream`: a CUDA stream instead of the current one.
+        `batch_size`: run in aligned slices of at most this many elements.
+        """
+        self.run(
+            {
+                "node_features": nodes,
+                "edge_index": edges,
+                "edge_features": edges,
+            },
+            {
+                "edge_scores": out,
+            },
+            stream=stream,
+            batch_size=batch_size,
+        )

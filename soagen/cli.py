@@ -11,11 +11,11 @@ import difflib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import soagen
-from soagen.diagnostics import CODES, Diagnostic, render_json, render_text
+from soagen.diagnostics import CODES, Diagnostic, render_github, render_json, render_text
 from soagen.dsl.ir import Schema
 from soagen.dsl.loader import LoadResult, load
 from soagen.layout import block_view, byte_size, member_offsets, member_pitch, member_view
@@ -30,7 +30,21 @@ EXAMPLES = {
     "show": "soagen show schemas/gnn.soa --size 1000\n  soagen show schemas/gnn.soa --size 1000 --format json\n"
     "  soagen show schemas/gnn.soa --ir",
     "check": "soagen check schemas/              # exit 1 with a diff if generated/ is stale",
-    "explain": "soagen explain SOA303",
+    "explain": "soagen explain SOA303\n  soagen explain LAYOUT_PASCAL_CASE",
+    "compile": "soagen compile schemas/gnn.soa --model EdgeClassifier "
+    "--factory examples/gnn_model.py:build_model --device cpu -o edge_classifier.pt2 "
+    "--index edge_index=node_features",
+    "lint": "soagen lint schemas/                # every rule of STANDARD\n"
+    "  soagen lint schemas/ --select BASIC --ignore ALIGN_CACHE_LINE --format github\n"
+    "  soagen lint --list-rules",
+    "fmt": "soagen fmt -w schemas/              # rewrite in place\n"
+    "  soagen fmt --check --diff schemas/  # exit 1, with a diff, if not formatted\n"
+    "  soagen fmt - < schemas/gnn.soa      # stdin to stdout",
+    "breaking": "soagen breaking --against origin/main schemas/\n"
+    "  soagen breaking --against HEAD~1 --format json",
+    "completion": "source <(soagen completion bash)\n"
+    "  soagen completion zsh > ~/.zfunc/_soagen\n"
+    "  soagen completion fish > ~/.config/fish/completions/soagen.fish",
 }
 
 
@@ -49,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"soagen {soagen.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, help_text: str, formats: tuple[str, ...] = ("text", "json")
+    ) -> argparse.ArgumentParser:
         sub = commands.add_parser(
             name,
             help=help_text,
@@ -59,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         sub.add_argument(
             "--format",
-            choices=("text", "json"),
+            choices=formats,
             default="text",
             help="output format (default text)",
         )
@@ -105,7 +121,38 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     explain = command("explain", "say what a diagnostic code means")
-    explain.add_argument("code", metavar="CODE", help="e.g. SOA303")
+    explain.add_argument("code", metavar="CODE", help="e.g. SOA303 or a lint rule ID")
+
+    compile_ = command(
+        "compile",
+        "compile a model ahead of time (AOTInductor) into a .pt2 package for its binding",
+    )
+    compile_.add_argument("schema", metavar="SCHEMA", help="the .soa file declaring the model")
+    compile_.add_argument("--model", required=True, metavar="NAME", help="the model to bind")
+    compile_.add_argument(
+        "--factory",
+        required=True,
+        metavar="FILE.py:FUNCTION",
+        help="a function that takes no arguments and returns the torch.nn.Module",
+    )
+    compile_.add_argument(
+        "--device", default="cpu", help="cpu or cuda[:INDEX], where it will run (default cpu)"
+    )
+    compile_.add_argument(
+        "-o", "--output", required=True, metavar="FILE.pt2", help="the package to write"
+    )
+    compile_.add_argument(
+        "--index",
+        action="append",
+        default=[],
+        metavar="INDEX=BOUND",
+        help="integer input INDEX holds element numbers of input BOUND's collection; checked "
+        "before each run (repeatable; default: the factory module's INDEX_BOUNDS)",
+    )
+
+    from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
+
+    add_commands(command)
     return parser
 
 
@@ -143,7 +190,9 @@ class _Output:
     def flush(self) -> None:
         if not self.diagnostics:
             return
-        if self.format == "json":
+        if self.format == "github":
+            print(render_github(self.diagnostics))
+        elif self.format == "json":
             print(render_json(self.diagnostics))
         else:
             print(render_text(self.diagnostics, self.sources, self.color), file=sys.stderr)
@@ -385,7 +434,16 @@ def cmd_show(args: argparse.Namespace, output: _Output) -> int:
 def cmd_explain(args: argparse.Namespace, output: _Output) -> int:
     code = args.code.upper()
     if code not in CODES:
-        raise UsageError(f"unknown code `{args.code}`; codes are {', '.join(CODES)}")
+        from soagen.cli_tools import explain
+
+        text = explain(code)
+        if text is None:
+            raise UsageError(
+                f"unknown code `{args.code}`; codes are {', '.join(CODES)}, and the rule IDs "
+                "of `soagen lint --list-rules`"
+            )
+        print(json.dumps({"code": code, "summary": text}) if output.format == "json" else text)
+        return EXIT_OK
     if output.format == "json":
         print(json.dumps({"code": code, "summary": CODES[code]}))
     else:
@@ -393,7 +451,77 @@ def cmd_explain(args: argparse.Namespace, output: _Output) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"generate": cmd_generate, "show": cmd_show, "check": cmd_check, "explain": cmd_explain}
+def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
+    import time
+
+    paths = _schema_paths([args.schema])
+    if len(paths) != 1:
+        raise UsageError("compile takes one .soa file")
+    if output.add(load(paths[0])) is None:
+        return EXIT_PROBLEMS
+    try:  # torch is imported here only: the other commands run without it
+        from soagen.compile import CompileError, compile_model, parse_index_bounds
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        raise UsageError("compile needs torch: pip install 'soagen[torch]'") from None
+
+    def progress(line: str) -> None:
+        print(f"soagen compile: {line}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    try:
+        path = compile_model(
+            paths[0],
+            args.model,
+            args.factory,
+            output=args.output,
+            device=args.device,
+            index_bounds=parse_index_bounds(args.index) if args.index else None,
+            progress=progress,
+        )
+    except CompileError as error:
+        if error.usage:
+            raise UsageError(str(error)) from None
+        if output.format == "json":
+            print(json.dumps({"error": str(error)}))
+        else:
+            print(f"soagen: error: {error}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    seconds = time.perf_counter() - start
+    size = path.stat().st_size
+    if output.format == "json":
+        report = {"written": path.as_posix(), "model": args.model, "device": args.device}
+        print(json.dumps({**report, "bytes": size, "seconds": round(seconds, 1)}))
+    else:
+        print(
+            f"wrote {path.as_posix()} ({args.model} for {args.device}, {size / 1e6:.1f} MB) "
+            f"in {seconds:.1f} s"
+        )
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, _Output], int]] = {
+    "generate": cmd_generate,
+    "show": cmd_show,
+    "check": cmd_check,
+    "explain": cmd_explain,
+    "compile": cmd_compile,
+}
+
+
+def _tooling(name: str) -> Callable[[argparse.Namespace, _Output], int]:
+    """lint, fmt, breaking and completion live in `soagen.cli_tools`, imported when they run."""
+
+    def handler(args: argparse.Namespace, output: _Output) -> int:
+        from soagen.cli_tools import run
+
+        return run(name, args, output)
+
+    return handler
+
+
+COMMANDS.update({name: _tooling(name) for name in ("lint", "fmt", "breaking", "completion")})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,7 +43,18 @@ COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
 
 # Public attributes of `soagen.runtime.ModelBinding` and of the generated model classes.
 MODEL_ATTRIBUTES: frozenset[str] = frozenset(
-    {"INPUTS", "OUTPUTS", "NAME", "SCHEMA", "binding", "load", "remote", "run"}
+    {
+        "INPUTS",
+        "OUTPUTS",
+        "NAME",
+        "SCHEMA",
+        "backend",
+        "binding",
+        "load",
+        "protect_inputs",
+        "remote",
+        "run",
+    }
 )
 
 

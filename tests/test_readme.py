@@ -17,5 +17,6 @@ def test_quick_start_has_two_commands_and_ci_runs_the_test_one() -> None:
     commands = _quick_start_commands()
     assert len(commands) == 2
     assert "soagen schemas/gnn.soa" in commands[0]
+    assert "python -m examples.run_gnn" in commands[0]
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci == commands[1]

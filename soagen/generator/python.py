@@ -7,6 +7,8 @@ loops and lookups. Output depends on the schema alone: same input, same bytes.
 from __future__ import annotations
 
 import functools
+import keyword
+import re
 from dataclasses import dataclass
 
 import jinja2
@@ -72,6 +74,7 @@ class ModelModel:
     functions: tuple[Function, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    call: tuple[str, ...]  # the typed `__call__` method, line by line
 
 
 class _Symbols:
@@ -315,7 +318,81 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
         tuple(functions),
         tuple(specs["input"]),
         tuple(specs["output"]),
+        _call_method(model, schema),
     )
+
+
+# Names the typed `__call__` uses itself, or that its annotations read from the module.
+_CALL_NAMES = frozenset({"self", "out", "stream", "batch_size", "object", "int", "None"})
+
+
+def _parameter_name(layout_name: str, taken: set[str]) -> str:
+    """`EdgeScores` -> `edge_scores`, made unique and never a keyword or a name the call needs."""
+    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", layout_name)
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words).lower()
+    while keyword.iskeyword(name) or name in _CALL_NAMES or name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
+    """`__call__` with one typed parameter per input layout (schema order) and `out=` typed by the
+    output layouts, so a type checker catches a collection passed in the wrong place."""
+    body = INDENT * 2
+    # Class names the module defines or imports must stay visible in the annotations.
+    taken = set(schema.layouts) | {m.name for f in schema.files for m in f.models}
+    inputs = list(
+        dict.fromkeys(b.layout_name for b in model.bindings if b.direction.value == "input")
+    )
+    outputs = list(
+        dict.fromkeys(b.layout_name for b in model.bindings if b.direction.value == "output")
+    )
+    parameters = {layout: _parameter_name(layout, taken) for layout in inputs}
+    if len(outputs) == 1:
+        out_type = outputs[0]
+        out_of = {outputs[0]: "out"}
+    else:
+        out_type = f"tuple[{', '.join(outputs)}]"
+        out_of = {layout: f"out[{position}]" for position, layout in enumerate(outputs)}
+    lines = [
+        f"{INDENT}def __call__(",
+        f"{body}self,",
+        *(f"{body}{parameters[layout]}: {layout}," for layout in inputs),
+        f"{body}*,",
+        f"{body}out: {out_type},",
+        f"{body}stream: object | None = None,",
+        f"{body}batch_size: int | None = None,",
+        f"{INDENT}) -> None:",
+    ]
+    bound = []
+    for b in model.bindings:
+        first = schema.layouts[b.layout_name].member(b.member_names[0])
+        assert first is not None  # the checker guarantees every member exists
+        axes = ", ".join(block_axes(b, first))
+        members = ", ".join(b.member_names)
+        bound.append(f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]")
+    doc = (
+        f"Run {model.name} on zero-copy views of the inputs; write its outputs into `out`.\n\n"
+        + "\n".join(bound)
+        + "\n\n`stream`: a CUDA stream instead of the current one.\n"
+        "`batch_size`: run in aligned slices of at most this many elements."
+    )
+    lines.append(docstring(doc, body))
+    lines.append(f"{body}self.run(")
+    for direction, collections in (("input", parameters), ("output", out_of)):
+        lines.append(f"{body}{INDENT}{{")
+        for b in model.bindings:
+            if b.direction.value == direction:
+                entry = f"{string_literal(b.name)}: {collections[b.layout_name]},"
+                lines.append(f"{body}{INDENT * 2}{entry}")
+        lines.append(f"{body}{INDENT}}},")
+    lines += [
+        f"{body}{INDENT}stream=stream,",
+        f"{body}{INDENT}batch_size=batch_size,",
+        f"{body})",
+    ]
+    return tuple(lines)
 
 
 @functools.cache

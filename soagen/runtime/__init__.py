@@ -4,15 +4,21 @@ Importing this package imports neither torch nor numpy; they load when a collect
 """
 
 from soagen.runtime.collection import Collection
+from soagen.runtime.cpu import set_cpu_threads, set_malloc_tuning
 from soagen.runtime.errors import (
+    BindingError,
     BufferTooSmallError,
     ColumnError,
     DeviceError,
     ElementCountError,
     GeometryError,
+    IndexRangeError,
+    InputModifiedError,
     InvalidBufferError,
     MisalignedBufferError,
+    ModelLoadError,
     NonContiguousBufferError,
+    OutputError,
     ReadOnlyBufferError,
     ReadOnlyCollectionError,
     SliceRangeError,
@@ -25,6 +31,7 @@ from soagen.runtime.spec import BindingSpec, BlockSpec, MemberSpec, StridedView
 from soagen.runtime.version import check_generated_version
 
 __all__ = [
+    "BindingError",
     "BindingSpec",
     "BlockSpec",
     "BufferTooSmallError",
@@ -33,11 +40,15 @@ __all__ = [
     "DeviceError",
     "ElementCountError",
     "GeometryError",
+    "IndexRangeError",
+    "InputModifiedError",
     "InvalidBufferError",
     "MemberSpec",
     "MisalignedBufferError",
     "ModelBinding",
+    "ModelLoadError",
     "NonContiguousBufferError",
+    "OutputError",
     "ReadOnlyBufferError",
     "ReadOnlyCollectionError",
     "SliceRangeError",
@@ -46,4 +57,6 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedBufferError",
     "check_generated_version",
+    "set_cpu_threads",
+    "set_malloc_tuning",
 ]

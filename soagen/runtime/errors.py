@@ -84,3 +84,23 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedBufferError",
 ]
+
+
+class BindingError(SoaRuntimeError, TypeError):
+    """The collections given to a model call do not match the schema's bindings."""
+
+
+class OutputError(SoaRuntimeError, ValueError):
+    """A model returned outputs that do not fit the output blocks: nothing was written."""
+
+
+class InputModifiedError(SoaRuntimeError, RuntimeError):
+    """A model wrote into an input block."""
+
+
+class IndexRangeError(SoaRuntimeError, IndexError):
+    """An index input holds values outside the collection it indexes: the model was not run."""
+
+
+class ModelLoadError(SoaRuntimeError, ValueError):
+    """A model file or object cannot serve this binding: unknown kind, or built for another schema."""

@@ -1,14 +1,343 @@
-"""Base class of generated model binding classes (filled in by the model-execution issue)."""
+"""Base class of generated model classes: bind SoA blocks as zero-copy inputs, run, write outputs back.
+
+A call binds each input block of the schema as its strided view (no gather, no copy, no host<->device
+transfer), runs the model on the device where the data lives, checks every output (count, shape, dtype,
+device) before anything is written, then copies each output into its output block: one device-local copy.
+
+Inputs are never silently modified: a model that writes into its inputs is caught through the tensor
+version counters and refused with `InputModifiedError`, unless the caller asked for protected copies.
+Importing this module imports no torch; backends load when a model is first built.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import typing
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from soagen.runtime.cpu import ensure_cpu_settings
+from soagen.runtime.errors import (
+    BindingError,
+    IndexRangeError,
+    InputModifiedError,
+    OutputError,
+)
+from soagen.runtime.geometry import ITEMSIZE
 from soagen.runtime.spec import BindingSpec
+
+if typing.TYPE_CHECKING:
+    import os
+
+    import torch
+
+    from soagen.runtime.backends import Backend
+    from soagen.runtime.collection import Collection
+
+_M = typing.TypeVar("_M", bound="ModelBinding")
 
 
 class ModelBinding:
+    """One model, bound to the blocks its schema declares. Subclasses are generated."""
+
     NAME: typing.ClassVar[str]
     SCHEMA: typing.ClassVar[str]
     INPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
     OUTPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        backend: str | None = None,
+        protect_inputs: bool = False,
+        index_bounds: Mapping[str, str] | None = None,
+        contiguous: Iterable[str] = (),
+    ) -> None:
+        """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2` file.
+
+        `backend` forces one of "eager", "torchscript", "compile", "aot"; by default it follows the
+        object or the file. `protect_inputs=True` runs the model on copies of the input collections,
+        for models that write into their inputs. `index_bounds` maps an integer input to the input
+        whose elements it indexes (`{"edge_index": "node_features"}`): its values are checked to lie
+        in `[0, n)` before each call, because an out-of-range index inside compiled kernels reads
+        or writes out of bounds instead of raising. `.pt2` packages bring the bounds they were
+        compiled with. `contiguous` names inputs to hand over as one device-local contiguous copy
+        per call instead of the strided view: for models that gather rows (`x[index]`) of a wide
+        `[n, c]` block, where row-major data can be faster than the copy costs.
+        """
+        from soagen.runtime.backends import load_backend
+
+        self._backend: Backend = load_backend(model, kind=backend, binding=type(self))
+        self.protect_inputs = protect_inputs
+        bounds = dict(self._backend.index_bounds)
+        bounds.update(index_bounds or {})
+        self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
+        inputs = [spec.name for spec in type(self).INPUTS]
+        self.contiguous = frozenset(contiguous)
+        for name in sorted(self.contiguous - set(inputs)):
+            raise BindingError(
+                f"contiguous: {type(self).NAME} has no input {name!r}; its inputs are "
+                f"{', '.join(inputs)}"
+            )
+
+    @classmethod
+    def load(
+        cls: type[_M],
+        path: str | os.PathLike[str],
+        *,
+        backend: str | None = None,
+        protect_inputs: bool = False,
+        index_bounds: Mapping[str, str] | None = None,
+        contiguous: Iterable[str] = (),
+    ) -> _M:
+        """Load a model file: TorchScript (`.pt`) or an AOTInductor package (`.pt2`) built by
+        `soagen compile`, which is refused if it was built for another schema or layout."""
+        return cls(
+            path,
+            backend=backend,
+            protect_inputs=protect_inputs,
+            index_bounds=index_bounds,
+            contiguous=contiguous,
+        )
+
+    @property
+    def backend(self) -> str:
+        return self._backend.kind
+
+    @classmethod
+    def binding(cls, name: str) -> BindingSpec:
+        for spec in (*cls.INPUTS, *cls.OUTPUTS):
+            if spec.name == name:
+                return spec
+        known = ", ".join(spec.name for spec in (*cls.INPUTS, *cls.OUTPUTS))
+        raise KeyError(f"{cls.NAME} has no binding {name!r}; its bindings are {known}")
+
+    def run(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        *,
+        stream: object | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run with collections given per binding name; the generated `__call__` calls this.
+
+        `stream`: a CUDA stream to run on instead of the caller's current one. `batch_size`: run in
+        slices of at most this many elements (rounded up so every slice starts aligned); all bound
+        collections must then have the same size.
+        """
+        cls = type(self)
+        _check_names(cls, cls.INPUTS, inputs, "input")
+        _check_names(cls, cls.OUTPUTS, outputs, "output")
+        collections = [*inputs.values(), *outputs.values()]
+        device = collections[0].device
+        for collection in collections:
+            if collection.device != device:
+                raise BindingError(
+                    f"{cls.NAME}: all collections must be on one device, but {collection.NAME} is "
+                    f"on {collection.device} and {collections[0].NAME} on {device}"
+                )
+        if device.type == "cpu":
+            ensure_cpu_settings()
+        with _on_stream(stream, device):
+            if batch_size is None:
+                self._run_once(inputs, outputs, device)
+                return
+            for start, stop in _batches(cls, inputs, outputs, batch_size):
+                self._run_once(
+                    {name: c.slice(start, stop) for name, c in inputs.items()},
+                    {name: c.slice(start, stop) for name, c in outputs.items()},
+                    device,
+                )
+
+    def _run_once(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> None:
+        import torch
+
+        cls = type(self)
+        targets = [outputs[spec.name].block(spec.block) for spec in cls.OUTPUTS]
+        if all(target.numel() == 0 for target in targets):
+            return  # nothing to compute: also spares backends their n < 2 corner cases
+        sources = inputs
+        if self.protect_inputs:
+            # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
+            copies = {id(c): c.clone() for c in inputs.values()}
+            sources = {name: copies[id(c)] for name, c in inputs.items()}
+        views = [sources[spec.name].block(spec.block) for spec in cls.INPUTS]
+        for index_name, bound_name in self.index_bounds.items():
+            _check_index_range(cls, index_name, views, bound_name, sources[bound_name].size)
+        versions = [view._version for view in views]
+        runner = self._backend.on(device)
+        with torch.inference_mode():
+            arguments = [
+                view.contiguous() if spec.name in self.contiguous else view
+                for spec, view in zip(cls.INPUTS, views, strict=True)
+            ]
+            results = _as_outputs(cls, runner(arguments))
+        for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
+            if view._version != version and not self.protect_inputs:
+                raise InputModifiedError(
+                    f"{cls.NAME} wrote into its input {spec.name!r} "
+                    f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that collection "
+                    f"now holds modified data. Fix the model, or create the binding with "
+                    f"protect_inputs=True to run it on copies"
+                )
+        _check_outputs(cls, results, targets)
+        with torch.inference_mode():
+            for target, result in zip(targets, results, strict=True):
+                target.copy_(result)
+
+
+def _check_names(
+    cls: type[ModelBinding],
+    specs: tuple[BindingSpec, ...],
+    given: Mapping[str, Collection],
+    role: str,
+) -> None:
+    expected = [spec.name for spec in specs]
+    if sorted(given) != sorted(expected):
+        raise BindingError(
+            f"{cls.NAME} has {role}s {', '.join(expected)}; got {', '.join(given) or 'none'}"
+        )
+    for spec in specs:
+        collection = given[spec.name]
+        if getattr(collection, "NAME", None) != spec.block.layout:
+            raise BindingError(
+                f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got "
+                f"{getattr(collection, 'NAME', type(collection).__name__)}"
+            )
+
+
+def _checked_bounds(cls: type[ModelBinding], bounds: Mapping[str, str]) -> dict[str, str]:
+    inputs = {spec.name: spec for spec in cls.INPUTS}
+    for index_name, bound_name in bounds.items():
+        for name in (index_name, bound_name):
+            if name not in inputs:
+                raise BindingError(
+                    f"index_bounds: {cls.NAME} has no input {name!r}; its inputs are "
+                    f"{', '.join(inputs)}"
+                )
+        dtype = inputs[index_name].block.dtype
+        if not dtype.startswith(("int", "uint")):
+            raise BindingError(
+                f"index_bounds: input {index_name!r} holds {dtype}, not integer indices"
+            )
+    return dict(bounds)
+
+
+def _check_index_range(
+    cls: type[ModelBinding],
+    index_name: str,
+    views: Sequence[torch.Tensor],
+    bound_name: str,
+    bound: int,
+) -> None:
+    """Indices must lie in [0, bound). On CUDA the check is queued on the stream, so the host does
+    not wait for it; a failure there is a device-side assert instead of a silent wild access."""
+    import torch
+
+    position = [spec.name for spec in cls.INPUTS].index(index_name)
+    indices = views[position]
+    if indices.numel() == 0:
+        return
+    message = (
+        f"{cls.NAME}: input {index_name!r} holds indices outside [0, {bound}), the elements of "
+        f"{bound_name!r}; the model was not run"
+    )
+    if indices.device.type == "cuda":
+        torch._assert_async(((indices >= 0) & (indices < bound)).all(), message)
+        return
+    low, high = (int(value) for value in torch.aminmax(indices))
+    if low < 0 or high >= bound:
+        raise IndexRangeError(f"{message} (values {low}..{high})")
+
+
+def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
+    """A model's return value as a list of tensors in schema order."""
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, Mapping):
+        names = [spec.name for spec in cls.OUTPUTS]
+        if sorted(map(str, result)) != sorted(names):
+            raise OutputError(
+                f"{cls.NAME} returned a dict with keys {', '.join(map(str, result))}; the schema's "
+                f"outputs are {', '.join(names)}; nothing was written"
+            )
+        result = [result[name] for name in names]
+    if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+        return list(result)
+    raise OutputError(
+        f"{cls.NAME} returned {type(result).__name__}; a model returns a tensor, a tuple or list of "
+        f"tensors, or a dict keyed by output name; nothing was written"
+    )
+
+
+def _check_outputs(
+    cls: type[ModelBinding], results: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]
+) -> None:
+    """Every output must fit its block exactly: nothing is written unless all of them do."""
+    if len(results) != len(targets):
+        raise OutputError(
+            f"{cls.NAME} returned {len(results)} output(s), the schema declares {len(targets)} "
+            f"({', '.join(spec.name for spec in cls.OUTPUTS)}); nothing was written"
+        )
+    for spec, result, target in zip(cls.OUTPUTS, results, targets, strict=True):
+        problem = None
+        if tuple(result.shape) != tuple(target.shape):
+            problem = f"shape {list(result.shape)}, expected {list(target.shape)}"
+        elif result.dtype != target.dtype:
+            problem = f"dtype {result.dtype}, expected {target.dtype}"
+        elif result.device != target.device:
+            problem = f"device {result.device}, expected {target.device}"
+        if problem is not None:
+            raise OutputError(
+                f"{cls.NAME} output {spec.name!r} has {problem} (axes {list(spec.block.axes)}); "
+                f"nothing was written"
+            )
+
+
+def _batches(
+    cls: type[ModelBinding],
+    inputs: Mapping[str, Collection],
+    outputs: Mapping[str, Collection],
+    batch_size: int,
+) -> Iterator[tuple[int, int]]:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    collections = {**inputs, **outputs}
+    sizes = {c.size for c in collections.values()}
+    if len(sizes) != 1:
+        detail = ", ".join(f"{name}: {c.NAME} n={c.size}" for name, c in collections.items())
+        raise BindingError(
+            f"batch_size needs every collection of {cls.NAME} to have the same size ({detail})"
+        )
+    # A slice starting at element s moves each column by s * itemsize bytes: keep that aligned.
+    step = 1
+    for spec in (*cls.INPUTS, *cls.OUTPUTS):
+        collection = collections[spec.name]
+        itemsize = ITEMSIZE[spec.block.dtype]
+        step = math.lcm(step, max(1, collection.ALIGNMENT // itemsize))
+    batch = -(-batch_size // step) * step
+    (n,) = sizes
+    for start in range(0, n, batch):
+        yield start, min(n, start + batch)
+
+
+@contextlib.contextmanager
+def _on_stream(stream: object | None, device: torch.device) -> Iterator[None]:
+    if stream is None:
+        yield
+        return
+    import torch
+
+    if device.type != "cuda":
+        raise ValueError(f"stream= is for CUDA collections; these are on {device}")
+    with torch.cuda.stream(typing.cast("torch.cuda.Stream", stream)):
+        yield

@@ -568,3 +568,40 @@ class Tagger(_soagen.ModelBinding):
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("probabilities", "output", Tags.BLOCKS["probabilities"]),
     )
+
+    def __call__(
+        self,
+        jets: Jets,
+        *,
+        out: Tags,
+        stream: object | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run Tagger on zero-copy views of the inputs; write its outputs into `out`.
+
+        input pf: Jets{pf_features} as [n, 20, 100]
+        input pf_t: Jets{pf_features} as [20, 100, n]
+        input kinematics: Jets{pt, eta, phi} as [n, c]
+        input hessians: Jets{hessians_a, hessians_b} as [3, n, 2, c, 2]
+        input weights: Jets{event_weight, luminosity} as [c, n]
+        input weight: Jets{event_weight} as [n]
+        output probabilities: Tags{probabilities} as [n, 2]
+
+        `stream`: a CUDA stream instead of the current one.
+        `batch_size`: run in aligned slices of at most this many elements.
+        """
+        self.run(
+            {
+                "pf": jets,
+                "pf_t": jets,
+                "kinematics": jets,
+                "hessians": jets,
+                "weights": jets,
+                "weight": jets,
+            },
+            {
+                "probabilities": out,
+            },
+            stream=stream,
+            batch_size=batch_size,
+        )

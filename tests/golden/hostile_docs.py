@@ -119,3 +119,30 @@ class Sneaky(_soagen.ModelBinding):
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("out", "output", Weird.BLOCKS["out"]),
     )
+
+    def __call__(
+        self,
+        weird: Weird,
+        *,
+        out: Weird,
+        stream: object | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run Sneaky on zero-copy views of the inputs; write its outputs into `out`.
+
+        input values: Weird{value} as [n]
+        output out: Weird{value} as [n]
+
+        `stream`: a CUDA stream instead of the current one.
+        `batch_size`: run in aligned slices of at most this many elements.
+        """
+        self.run(
+            {
+                "values": weird,
+            },
+            {
+                "out": out,
+            },
+            stream=stream,
+            batch_size=batch_size,
+        )

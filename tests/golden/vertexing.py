@@ -130,3 +130,30 @@ class VertexFinder(_soagen.ModelBinding):
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("positions", "output", Vertices.BLOCKS["positions"]),
     )
+
+    def __call__(
+        self,
+        tracks: Tracks,
+        *,
+        out: Vertices,
+        stream: object | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        """Run VertexFinder on zero-copy views of the inputs; write its outputs into `out`.
+
+        input momenta: Tracks{px, py, pz} as [n, c]
+        output positions: Vertices{x, y, z} as [c, n]
+
+        `stream`: a CUDA stream instead of the current one.
+        `batch_size`: run in aligned slices of at most this many elements.
+        """
+        self.run(
+            {
+                "momenta": tracks,
+            },
+            {
+                "positions": out,
+            },
+            stream=stream,
+            batch_size=batch_size,
+        )

@@ -1,0 +1,537 @@
+"""`soagen compile`: export a model for one of a schema's bindings and compile it with AOTInductor.
+
+The package runs on collections' block views as they are, for any element count, with no copy:
+
+- Example inputs are real collections' block views (one collection per input layout), passed to
+  `torch.export` as plain tensors over the same memory (`Tensor.set_`: same storage, sizes, strides
+  and offset). Export fakifies a *view* through its `_base` and keeps its strides as constants, so
+  a view would tie the package to the example's pitch.
+- Each block's element axis is `Dim.DYNAMIC`, which also makes every stride that is not a product
+  of sizes a symbol of its own that the compiled code reads from the input tensor at run time (with
+  named `Dim`s, torch 2.13 keeps strides static). So the pitch, `round_up(n * itemsize, A) /
+  itemsize`, needs no formula in the graph, and slices of collections (the parent's pitch with
+  fewer elements) run too.
+- Duck shaping is off during export: a pitch that happens to equal another size or pitch in the
+  example must not become the same symbol. Each layout's example element count is `A * k + 1`,
+  whose pitches differ from n whenever they can (itemsize below the alignment A).
+- `backed_size_oblivious` lets the element counts range over 0 and 1 instead of specializing them,
+  so n = 1 runs; n = 0 never reaches the model (the runtime skips empty outputs).
+
+The package records soagen's metadata (`soagen.runtime.aot`), is loaded once more after compiling
+and checked against the eager model at several sizes, then moved into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import typing
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+import soagen
+from soagen.dsl.loader import load
+from soagen.generator.python import generate
+from soagen.runtime.aot import METADATA_FORMAT, METADATA_KEY, AotBackend, describe_binding
+from soagen.runtime.collection import Collection
+from soagen.runtime.model import ModelBinding
+
+Progress = Callable[[str], None]
+
+# Example element count of the i-th input layout with alignment A: A * (16 + 2 i) + 1 (2049, 2305,
+# ... for A = 128), large, different per layout, and off every alignment multiple.
+_EXAMPLE_MULTIPLE = 16
+# Small sizes the package is checked at after compiling, besides the example's.
+_CHECK_SIZES = (1, 3, 37)
+
+_STAGES = 6
+
+
+class CompileError(Exception):
+    """`soagen compile` cannot go on; `usage` marks a wrong argument (exit 2) rather than a model
+    that cannot be exported or compiled (exit 1)."""
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def parse_index_bounds(items: Sequence[str]) -> dict[str, str]:
+    """`["edge_index=node_features"]` -> `{"edge_index": "node_features"}`."""
+    bounds: dict[str, str] = {}
+    for item in items:
+        index, sep, bound = item.partition("=")
+        index, bound = index.strip(), bound.strip()
+        if not sep or not index.isidentifier() or not bound.isidentifier():
+            raise CompileError(
+                f"--index takes INDEX=BOUND (input names, e.g. edge_index=node_features), got "
+                f"{item!r}",
+                usage=True,
+            )
+        if index in bounds and bounds[index] != bound:
+            raise CompileError(f"--index gives {index!r} twice", usage=True)
+        bounds[index] = bound
+    return bounds
+
+
+def compile_model(
+    schema_path: str | os.PathLike[str],
+    model_name: str,
+    factory: str,
+    *,
+    output: str | os.PathLike[str],
+    device: str = "cpu",
+    index_bounds: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Build `factory()` ("path/to/file.py:function"), export it for binding `model_name` of the
+    schema, compile it with AOTInductor for `device` and write the package to `output` (`.pt2`).
+
+    `index_bounds` maps an integer input to the input whose elements it indexes; by default the
+    factory module's `INDEX_BOUNDS`, if it has one. Raises `SchemaError` for schema errors and
+    `CompileError` for everything else. Prints nothing: `progress` receives one line per stage.
+    """
+    target = Path(output)
+    if target.suffix != ".pt2":
+        raise CompileError(f"the output must be a .pt2 file, got {str(target)!r}", usage=True)
+    torch_device = _device(device)
+    stages = _Stages(progress or (lambda line: None))
+    with tempfile.TemporaryDirectory(prefix="soagen-compile-") as workdir:
+        with stages.stage(f"loading schema {Path(schema_path).as_posix()}"):
+            binding, layouts = _generated_binding(Path(schema_path), model_name, Path(workdir))
+        try:
+            _build_package(binding, layouts, factory, torch_device, index_bounds, target, stages)
+        finally:
+            _forget_modules(binding)
+    return target
+
+
+def _build_package(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    factory: str,
+    device: torch.device,
+    index_bounds: Mapping[str, str] | None,
+    target: Path,
+    stages: _Stages,
+) -> None:
+    with stages.stage(f"building model ({factory})"):
+        model, module = _build_model(factory, device)
+        bounds = _index_bounds(binding, index_bounds, module)
+    with stages.stage("exporting with dynamic element counts (torch.export)"):
+        sizes = _example_sizes(binding, layouts)
+        inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=0)
+        wrapped = _SchemaOrder(model, binding)
+        _check_eager(binding, wrapped, inputs)
+        exported = _export(binding, wrapped, inputs)
+    metadata = {
+        "format": METADATA_FORMAT,
+        "soagen_version": soagen.__version__,
+        "torch_version": torch.__version__,
+        "device": device.type,
+        "schema": binding.SCHEMA,
+        "factory": factory,
+        "binding": describe_binding(binding),
+        "index_bounds": bounds,
+        "input_geometry": _input_geometry(exported),
+        "example_sizes": sizes,
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Compiled next to the target and moved into place once checked: no half-written package.
+    staging = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.pt2")
+    try:
+        with stages.stage(f"compiling with AOTInductor for {device.type}"):
+            _compile(exported, staging, metadata)
+        with stages.stage("checking the package against the eager model"):
+            _verify(binding, layouts, wrapped, staging, sizes, bounds, device)
+        with stages.stage(f"packaging {target.as_posix()}"):
+            os.replace(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+class _Stages:
+    def __init__(self, report: Progress) -> None:
+        self.report = report
+        self.count = 0
+
+    @contextlib.contextmanager
+    def stage(self, title: str) -> Iterator[None]:
+        self.count += 1
+        label = f"[{self.count}/{_STAGES}] {title}"
+        self.report(f"{label} ...")
+        start = time.perf_counter()
+        yield
+        self.report(f"{label}: done in {time.perf_counter() - start:.1f} s")
+
+
+def _device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise CompileError(f"--device {text!r} is not a torch device", usage=True) from None
+    if device.type not in ("cpu", "cuda"):
+        raise CompileError(
+            f"AOTInductor packages are built for cpu or cuda, not {device.type}", usage=True
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CompileError(
+            f"--device {text}: no CUDA device here; compile on a machine with the target GPU",
+            usage=True,
+        )
+    return device
+
+
+def _generated_binding(
+    schema_path: Path, model_name: str, workdir: Path
+) -> tuple[type[ModelBinding], dict[str, type[Collection]]]:
+    """Generate the schema's modules into a throwaway package and import the model's class."""
+    schema = load(schema_path).unwrap()
+    files = {
+        model.name: schema_file for schema_file in schema.files for model in schema_file.models
+    }
+    if model_name not in files:
+        known = ", ".join(sorted(files))
+        raise CompileError(
+            f"{schema_path.as_posix()} has no model {model_name!r}; "
+            + (f"its models are {known}" if known else "it declares no models"),
+            usage=True,
+        )
+    package = f"_soagen_compile_{uuid.uuid4().hex}"
+    folder = workdir / package
+    folder.mkdir()
+    (folder / "__init__.py").write_text("", encoding="utf-8")
+    for name, text in generate(schema).items():
+        (folder / f"{name}.py").write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(workdir))
+    try:
+        importlib.invalidate_caches()
+        modules = [importlib.import_module(f"{package}.{f.module_name}") for f in schema.files]
+    finally:
+        sys.path.remove(str(workdir))
+    layouts: dict[str, type[Collection]] = {}
+    for module in modules:
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Collection)
+                and value is not Collection
+            ):
+                layouts[value.NAME] = value
+    module = modules[schema.files.index(files[model_name])]
+    binding = getattr(module, model_name)
+    return typing.cast(type[ModelBinding], binding), layouts
+
+
+def _forget_modules(binding: type[ModelBinding]) -> None:
+    package = binding.__module__.split(".", 1)[0]
+    for name in [name for name in sys.modules if name.split(".", 1)[0] == package]:
+        del sys.modules[name]
+
+
+def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, ModuleType]:
+    path_text, sep, function_name = factory.rpartition(":")
+    if not sep or not path_text or not function_name.isidentifier():
+        raise CompileError(
+            f"--factory takes FILE.py:FUNCTION (e.g. examples/gnn_model.py:build_model), got "
+            f"{factory!r}",
+            usage=True,
+        )
+    path = Path(path_text)
+    if not path.is_file():
+        raise CompileError(f"factory file {path_text!r} does not exist", usage=True)
+    name = f"_soagen_factory_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CompileError(f"{path_text} is not a Python file Python can import", usage=True)
+    module = importlib.util.module_from_spec(spec)
+    # As `python FILE.py` would: the file's folder is importable, for its sibling modules.
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[name] = module
+    try:
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            raise CompileError(
+                f"importing {path_text} failed: {type(error).__name__}: {error}"
+            ) from error
+        function = getattr(module, function_name, None)
+        if function is None or not callable(function):
+            defined = sorted(
+                key
+                for key, value in vars(module).items()
+                if inspect.isfunction(value) and value.__module__ == name
+            )
+            raise CompileError(
+                f"{path_text} has no function {function_name!r}"
+                + (f"; it defines {', '.join(defined)}" if defined else ""),
+                usage=True,
+            )
+        try:
+            model = function()
+        except Exception as error:
+            raise CompileError(f"{factory}() raised {type(error).__name__}: {error}") from error
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+        sys.modules.pop(name, None)
+    if not isinstance(model, torch.nn.Module):
+        raise CompileError(
+            f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", usage=True
+        )
+    return model.eval().to(device), module
+
+
+def _index_bounds(
+    binding: type[ModelBinding], given: Mapping[str, str] | None, module: ModuleType
+) -> dict[str, str]:
+    source = "--index"
+    if given is None:
+        given = getattr(module, "INDEX_BOUNDS", None) or {}
+        source = "the factory module's INDEX_BOUNDS"
+        if not isinstance(given, Mapping):
+            raise CompileError(f"{source} must be a dict of input names", usage=True)
+    inputs = {spec.name: spec for spec in binding.INPUTS}
+    bounds: dict[str, str] = {}
+    for index_name, bound_name in given.items():
+        for name in (index_name, bound_name):
+            if name not in inputs:
+                raise CompileError(
+                    f"{source}: {binding.NAME} has no input {name!r}; its inputs are "
+                    f"{', '.join(inputs)}",
+                    usage=True,
+                )
+        dtype = inputs[index_name].block.dtype
+        if not dtype.startswith(("int", "uint")):
+            raise CompileError(
+                f"{source}: input {index_name!r} holds {dtype}, not integer indices", usage=True
+            )
+        bounds[str(index_name)] = str(bound_name)
+    return bounds
+
+
+def _example_sizes(
+    binding: type[ModelBinding], layouts: Mapping[str, type[Collection]]
+) -> dict[str, int]:
+    names = list(dict.fromkeys(spec.block.layout for spec in binding.INPUTS))
+    return {
+        name: layouts[name].ALIGNMENT * (_EXAMPLE_MULTIPLE + 2 * i) + 1
+        for i, name in enumerate(names)
+    }
+
+
+def _example_inputs(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    sizes: Mapping[str, int],
+    bounds: Mapping[str, str],
+    device: torch.device,
+    seed: int,
+) -> list[torch.Tensor]:
+    """Block views of freshly allocated collections, filled with valid data: indices in range of
+    their bound, other integers 0 (they may index something the schema does not say), floats
+    random."""
+    generator = torch.Generator().manual_seed(seed)
+    collections = {name: layouts[name].allocate(n, device, zero=True) for name, n in sizes.items()}
+    specs = {spec.name: spec for spec in binding.INPUTS}
+    views = []
+    for spec in binding.INPUTS:
+        view = collections[spec.block.layout].block(spec.block)
+        views.append(view)
+        # A scalar broadcast over n has stride 0: write its one value, not n of them.
+        target = view
+        for axis in reversed(range(view.dim())):
+            if view.stride(axis) == 0 and view.shape[axis] > 0:
+                target = target.select(axis, 0)
+        if target.dtype.is_floating_point:
+            values = torch.randn(target.shape, generator=generator)
+        elif target.dtype == torch.bool:
+            values = torch.randint(0, 2, target.shape, generator=generator).bool()
+        elif spec.name in bounds:
+            high = max(1, sizes[specs[bounds[spec.name]].block.layout])
+            values = torch.randint(0, high, target.shape, generator=generator)
+        else:
+            continue
+        target.copy_(values)
+    return views
+
+
+class _SchemaOrder(torch.nn.Module):
+    """The model with its outputs as a tuple in the schema's order, whatever it returns."""
+
+    def __init__(self, model: torch.nn.Module, binding: type[ModelBinding]) -> None:
+        super().__init__()
+        self.model = model
+        self.output_names = [spec.name for spec in binding.OUTPUTS]
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        result = self.model(*inputs)
+        if isinstance(result, torch.Tensor):
+            return (result,)
+        if isinstance(result, Mapping):
+            return tuple(result[name] for name in self.output_names)
+        return tuple(result)
+
+
+def _check_eager(
+    binding: type[ModelBinding], model: _SchemaOrder, inputs: Sequence[torch.Tensor]
+) -> None:
+    """The model must run on the example and return what the output blocks hold."""
+    try:
+        with torch.no_grad():
+            results = model(*inputs)
+    except Exception as error:
+        raise CompileError(
+            f"the model fails on example inputs of {binding.NAME} "
+            f"({_describe_inputs(binding, inputs)}): {type(error).__name__}: {error}"
+        ) from error
+    if len(results) != len(binding.OUTPUTS) or not all(
+        isinstance(r, torch.Tensor) for r in results
+    ):
+        raise CompileError(
+            f"the model returns {len(results)} value(s); {binding.NAME} declares "
+            f"{len(binding.OUTPUTS)} output tensor(s) "
+            f"({', '.join(spec.name for spec in binding.OUTPUTS)})"
+        )
+    for spec, result in zip(binding.OUTPUTS, results, strict=True):
+        block = spec.block
+        if str(result.dtype).removeprefix("torch.") != block.dtype or result.dim() != len(
+            block.axes
+        ):
+            raise CompileError(
+                f"output {spec.name!r} is {result.dtype} {list(result.shape)}; the block "
+                f"{block.layout}{{{', '.join(block.members)}}} holds {block.dtype} with axes "
+                f"[{', '.join(block.axes)}]"
+            )
+
+
+def _describe_inputs(binding: type[ModelBinding], inputs: Sequence[torch.Tensor]) -> str:
+    return ", ".join(
+        f"{spec.name} {list(view.shape)} {str(view.dtype).removeprefix('torch.')}"
+        for spec, view in zip(binding.INPUTS, inputs, strict=True)
+    )
+
+
+def _alias(view: torch.Tensor) -> torch.Tensor:
+    """A tensor over the same memory with the same geometry that is not a view (see the module's
+    docstring): export fakifies views through their base and would freeze their strides."""
+    alias = torch.empty(0, dtype=view.dtype, device=view.device)
+    return alias.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+
+
+def _export(
+    binding: type[ModelBinding], model: _SchemaOrder, inputs: Sequence[torch.Tensor]
+) -> torch.export.ExportedProgram:
+    import torch.fx.experimental._config as fx_config
+    from torch.export import Dim
+
+    dynamic: list[dict[int, typing.Any]] = []
+    for spec in binding.INPUTS:
+        axes = spec.block.axes
+        dynamic.append({axes.index("n"): Dim.DYNAMIC} if "n" in axes else {})
+    arguments = tuple(_alias(view) for view in inputs)
+    try:
+        # `patch` is added to config modules at import time, so the type checker cannot see it.
+        patch = typing.cast(typing.Any, fx_config).patch
+        with patch(use_duck_shape=False, backed_size_oblivious=True):
+            return torch.export.export(model, arguments, dynamic_shapes=(tuple(dynamic),))
+    except Exception as error:
+        first = str(error).strip().splitlines()[:6]
+        raise CompileError(
+            f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
+            f"({_describe_inputs(binding, inputs)}): {type(error).__name__}: " + "\n".join(first)
+        ) from error
+
+
+def _input_geometry(exported: torch.export.ExportedProgram) -> list[dict[str, list[str]]]:
+    """Each input's sizes and strides as the exported program sees them (symbols or numbers)."""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    geometry = []
+    for name in exported.graph_signature.user_inputs:
+        value = nodes[str(name)].meta["val"]
+        geometry.append(
+            {
+                "sizes": [str(size) for size in value.shape],
+                "strides": [str(stride) for stride in value.stride()],
+            }
+        )
+    return geometry
+
+
+def _compile(
+    exported: torch.export.ExportedProgram, path: Path, metadata: Mapping[str, object]
+) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    try:
+        with warnings.catch_warnings():
+            # torch 2.13's own packaging code trips its pytree deprecation; nothing to act on.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            aoti_compile_and_package(
+                exported,
+                package_path=str(path),
+                inductor_configs={"aot_inductor.metadata": {METADATA_KEY: json.dumps(metadata)}},
+            )
+    except Exception as error:
+        first = str(error).strip().splitlines()[:6]
+        raise CompileError(
+            f"AOTInductor cannot compile the model: {type(error).__name__}: " + "\n".join(first)
+        ) from error
+
+
+def _verify(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    model: _SchemaOrder,
+    package: Path,
+    example_sizes: Mapping[str, int],
+    bounds: Mapping[str, str],
+    device: torch.device,
+) -> None:
+    """Load the package as users will and compare it with the eager model at several sizes,
+    different per layout, which catches a size or stride the export fixed by mistake."""
+    runner = AotBackend(package, binding).on(device)
+    trials = [dict(example_sizes)]
+    for base in _CHECK_SIZES:
+        trials.append({name: base + 5 * i for i, name in enumerate(example_sizes)})
+    for seed, sizes in enumerate(trials, start=1):
+        inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=seed)
+        try:
+            with torch.no_grad():
+                expected = model(*inputs)
+        except Exception:
+            continue  # the eager model itself does not take these sizes (n = 1, say)
+        with torch.inference_mode():
+            actual = typing.cast(list[torch.Tensor], runner(inputs))
+        for spec, got, want in zip(binding.OUTPUTS, actual, expected, strict=True):
+            try:
+                _assert_close(got, want)
+            except AssertionError as error:
+                shown = ", ".join(f"{name} n={n}" for name, n in sizes.items())
+                raise CompileError(
+                    f"the compiled package disagrees with the eager model on output "
+                    f"{spec.name!r} for {shown}: {error}"
+                ) from None
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    if expected.dtype in (torch.float16, torch.bfloat16):
+        torch.testing.assert_close(actual, expected, rtol=1e-2, atol=1e-2)
+    elif expected.is_floating_point():
+        torch.testing.assert_close(actual, expected, rtol=1e-3, atol=1e-4)
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+__all__ = ["CompileError", "compile_model", "parse_index_bounds"]

@@ -1,0 +1,365 @@
+"""AOTInductor packages (`.pt2`) built by `soagen compile`, run on collections' views as they are.
+
+A package holds one model compiled ahead of time for one device type, plus soagen's metadata (the
+`aot_inductor.metadata` config, read back with `load_metadata_from_package`): the binding it was built
+for (model name; every input and output with its layout, members, dtype, axes and the block's byte
+geometry at a few element counts), the soagen and torch versions that built it, the device type, the
+index bounds, and each input's symbolic sizes and strides as exported. Loading compares all of that
+with the generated binding class and refuses, naming what differs, a package built for another schema
+or layout: a compiled model reads its inputs with the strides it was exported with, so a layout that
+moved a column would silently read the wrong bytes.
+
+The compiled code reads every stride it was not told is fixed from the input tensors (see
+`soagen.compile`), so one package serves any element count and slices of collections, and the views
+go in with no copy. AOTInductor checks none of this at run time (only with the process-wide
+`AOTI_RUNTIME_CHECK_INPUTS=1`), so each runner checks dtypes, sizes and strides against the exported
+expressions first: a few integer comparisons, where a mismatch would otherwise read out of bounds.
+
+Thread safety: AOTInductor's model container hands each call a free model instance under a mutex
+(`run_single_threaded=False`, one instance), so one runner serves any number of threads; calls on
+one device run one at a time, each using the intra-op thread pool.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import soagen
+from soagen.runtime.backends import Backend, Runner
+from soagen.runtime.errors import BindingError, ModelLoadError
+from soagen.runtime.spec import BindingSpec
+
+if typing.TYPE_CHECKING:
+    import torch
+
+    from soagen.runtime.model import ModelBinding
+
+# Key of soagen's entry in the package's user metadata; its value is one JSON document.
+METADATA_KEY = "soagen"
+# Version of that document's structure; bumped when it changes incompatibly.
+METADATA_FORMAT = 1
+# Element counts at which each block's geometry is recorded and compared: 0 and 1 for the corner
+# cases, and counts whose byte sizes fall between alignment multiples, so that another alignment or
+# column order shows in the offsets and pitches.
+PROBE_SIZES = (0, 1, 37, 1000, 4097)
+# The package's model name: `aoti_compile_and_package` stores a single model under this name.
+PACKAGE_MODEL = "model"
+
+
+def describe_binding(binding: type[ModelBinding]) -> dict[str, object]:
+    """What a package must match: the model's name and every binding with its block geometry."""
+    return {
+        "model": binding.NAME,
+        "inputs": [describe_spec(spec) for spec in binding.INPUTS],
+        "outputs": [describe_spec(spec) for spec in binding.OUTPUTS],
+    }
+
+
+def describe_spec(spec: BindingSpec) -> dict[str, object]:
+    block = spec.block
+    geometry = {}
+    for n in PROBE_SIZES:
+        view = block.view(n)
+        geometry[str(n)] = {
+            "shape": list(view.shape),
+            "strides": list(view.strides),
+            "offset": view.offset,
+        }
+    return {
+        "name": spec.name,
+        "direction": spec.direction,
+        "layout": block.layout,
+        "block": block.name,
+        "members": list(block.members),
+        "dtype": block.dtype,
+        "axes": list(block.axes),
+        "geometry": geometry,
+    }
+
+
+def read_metadata(path: Path) -> dict[str, typing.Any]:
+    """soagen's metadata of a package, without loading its compiled code."""
+    import torch
+
+    try:
+        # A static method the stubs of torch 2.13 lack: it reads the JSON, not the compiled code.
+        loader: typing.Any = torch._C._aoti.AOTIModelPackageLoader
+        entries = loader.load_metadata_from_package(str(path), PACKAGE_MODEL)
+    except Exception as error:  # the loader raises RuntimeError or c10::Error subclasses
+        raise ModelLoadError(f"{path} is not a readable AOTInductor package: {error}") from None
+    text = entries.get(METADATA_KEY)
+    if text is None:
+        raise ModelLoadError(
+            f"{path} is an AOTInductor package not built by `soagen compile`: it carries no soagen "
+            f"metadata, so nothing says which schema and layout its inputs follow. Build it with "
+            f"`soagen compile SCHEMA --model NAME --factory FILE.py:FUNCTION -o {path.name}`"
+        )
+    try:
+        metadata = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ModelLoadError(f"{path}: soagen metadata is not valid JSON ({error})") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != METADATA_FORMAT:
+        found = metadata.get("format") if isinstance(metadata, dict) else None
+        raise ModelLoadError(
+            f"{path}: soagen metadata format {found!r} is not {METADATA_FORMAT}, the one soagen "
+            f"{soagen.__version__} reads; rebuild the package with `soagen compile`"
+        )
+    return metadata
+
+
+def _release(version: str) -> str:
+    """`2.13.0+cpu` -> `2.13.0`: the build variant does not change the AOTInductor ABI."""
+    return version.split("+", 1)[0]
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+def check_versions(path: Path, metadata: Mapping[str, typing.Any]) -> None:
+    import torch
+
+    built_torch = str(metadata.get("torch_version"))
+    if _release(built_torch) != _release(torch.__version__):
+        raise ModelLoadError(
+            f"{path} was compiled with torch {built_torch}, but torch {torch.__version__} is "
+            f"running: AOTInductor packages run only on the torch release that built them. "
+            f"Rebuild it with `soagen compile` under this torch"
+        )
+    built_soagen = str(metadata.get("soagen_version"))
+    if _major_minor(built_soagen) != _major_minor(soagen.__version__):
+        raise ModelLoadError(
+            f"{path} was built by soagen {built_soagen}, but soagen {soagen.__version__} is "
+            f"installed, whose layouts may differ; rebuild it with `soagen compile`"
+        )
+
+
+def binding_differences(built: Mapping[str, typing.Any], binding: type[ModelBinding]) -> list[str]:
+    """Every way the package's recorded binding differs from the generated class, as sentences."""
+    current = describe_binding(binding)
+    problems: list[str] = []
+    if built.get("model") != current["model"]:
+        problems.append(f"it is model {built.get('model')!r}, not {current['model']!r}")
+    for role in ("inputs", "outputs"):
+        old = {entry["name"]: entry for entry in built.get(role, [])}
+        new = {
+            entry["name"]: entry
+            for entry in typing.cast(list[dict[str, typing.Any]], current[role])
+        }
+        if list(old) != list(new):
+            problems.append(
+                f"its {role} are {', '.join(old) or 'none'}; {binding.NAME}'s are "
+                f"{', '.join(new) or 'none'}"
+            )
+        for name in old.keys() & new.keys():
+            problems += _spec_differences(role[:-1], name, old[name], new[name])
+    return problems
+
+
+def _spec_differences(
+    role: str, name: str, old: Mapping[str, typing.Any], new: Mapping[str, typing.Any]
+) -> list[str]:
+    def shown(value: object) -> str:
+        return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    where = f"{role} {name!r}"
+    problems = [
+        f"{where}: {field} {shown(old.get(field))} in the package, {shown(new[field])} here"
+        for field in ("direction", "layout", "members", "dtype", "axes")
+        if old.get(field) != new[field]
+    ]
+    if problems:
+        return problems
+    for n, view in new["geometry"].items():
+        recorded = old.get("geometry", {}).get(n)
+        if recorded != view:
+            before = "missing" if recorded is None else _geometry_text(recorded)
+            problems.append(
+                f"{where}: the byte layout of {new['layout']} differs (alignment or column order?): "
+                f"for n={n} the package has {before}, this schema {_geometry_text(view)}"
+            )
+            break
+    return problems
+
+
+def _geometry_text(view: Mapping[str, typing.Any]) -> str:
+    return (
+        f"shape {tuple(view.get('shape', ()))}, strides {tuple(view.get('strides', ()))}, "
+        f"offset {view.get('offset')}"
+    )
+
+
+class AotBackend(Backend):
+    """An AOTInductor package made by `soagen compile` for this binding, loaded per device."""
+
+    kind = "aot"
+
+    def __init__(self, path: Path, binding: type[ModelBinding]) -> None:
+        metadata = read_metadata(path)
+        check_versions(path, metadata)
+        problems = binding_differences(metadata.get("binding", {}), binding)
+        if problems:
+            raise ModelLoadError(
+                f"{path} was built for another schema or layout than {binding.NAME} "
+                f"({binding.SCHEMA}): " + "; ".join(problems) + ". Rebuild it with `soagen compile`"
+            )
+        super().__init__(
+            f"{path} ({metadata['binding']['model']} for {metadata.get('device')}, torch "
+            f"{metadata.get('torch_version')})"
+        )
+        self.path = path
+        self.binding = binding
+        self.metadata = metadata
+        self.device_type = str(metadata.get("device", "cpu")).split(":", 1)[0]
+        self._index_bounds: dict[str, str] = dict(metadata.get("index_bounds", {}))
+        self._check = _InputCheck(binding, metadata.get("input_geometry", []))
+
+    @property
+    def index_bounds(self) -> Mapping[str, str]:
+        """Index inputs recorded at compile time (`--index`), each with the input it indexes."""
+        return dict(self._index_bounds)
+
+    def place(self, device: torch.device) -> Runner:
+        import torch
+        from torch._inductor import aoti_load_package
+
+        if device.type != self.device_type:
+            raise ModelLoadError(
+                f"{self.path} was compiled for {self.device_type}; it cannot run on {device}. "
+                f"Build a package for it with `soagen compile ... --device {device.type}`"
+            )
+        index = -1
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            compiled = aoti_load_package(str(self.path), device_index=index)
+        except Exception as error:  # a broken archive or a library that does not load here
+            raise ModelLoadError(f"cannot load {self.path} on {device}: {error}") from None
+        # The loader's `run` takes the flat input list and returns the flat outputs, which
+        # `soagen compile` exported in schema order; it skips the pytree round trip of
+        # `AOTICompiledModel.__call__`. On CUDA it runs on the caller's current stream.
+        run_compiled = compiled.loader.run
+        check = self._check
+
+        def run(inputs: Sequence[torch.Tensor]) -> object:
+            check(inputs)
+            return run_compiled(list(inputs))
+
+        return run
+
+
+# Integer expressions of symbolic sizes and strides, as sympy prints them ("s77", "3*s15", "4").
+_OPERATORS: dict[type[ast.AST], Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_Evaluate = Callable[[Mapping[str, int]], int]
+
+
+def _compile_expression(text: str) -> _Evaluate | None:
+    """An evaluator for a sympy-printed integer expression, or None for anything unusual."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def build(node: ast.AST) -> _Evaluate | None:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            value = node.value
+            return lambda symbols: value
+        if isinstance(node, ast.Name):
+            name = node.id
+            return lambda symbols: symbols[name]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = build(node.operand)
+            return None if inner is None else (lambda symbols: -inner(symbols))
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            apply = _OPERATORS[type(node.op)]
+            left, right = build(node.left), build(node.right)
+            if left is None or right is None:
+                return None
+            return lambda symbols: apply(left(symbols), right(symbols))
+        return None
+
+    return build(tree)
+
+
+class _InputCheck:
+    """Checks inputs against the sizes and strides the package was exported with."""
+
+    def __init__(self, binding: type[ModelBinding], geometry: Sequence[Mapping[str, typing.Any]]):
+        self.binding = binding
+        self.inputs: list[tuple[BindingSpec, list[str], list[str]]] = []
+        self.evaluators: dict[str, _Evaluate | None] = {}
+        if len(geometry) != len(binding.INPUTS):
+            return  # nothing recorded: the binding comparison already matched the blocks
+        for spec, entry in zip(binding.INPUTS, geometry, strict=True):
+            sizes = [str(size) for size in entry.get("sizes", [])]
+            strides = [str(stride) for stride in entry.get("strides", [])]
+            self.inputs.append((spec, sizes, strides))
+            for text in (*sizes, *strides):
+                if not text.isidentifier() and text not in self.evaluators:
+                    self.evaluators[text] = _compile_expression(text)
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> None:
+        if not self.inputs:
+            return
+        from soagen.runtime.buffers import TORCH_DTYPES
+
+        symbols: dict[str, int] = {}
+        origin: dict[str, str] = {}
+        deferred: list[tuple[str, int, str]] = []
+        for (spec, sizes, strides), tensor in zip(self.inputs, tensors, strict=True):
+            expected = TORCH_DTYPES[spec.block.dtype]
+            if tensor.dtype != expected or tensor.dim() != len(sizes):
+                raise BindingError(
+                    f"{self.binding.NAME}: input {spec.name!r} is {tensor.dtype} "
+                    f"{list(tensor.shape)}; the package takes {expected} with "
+                    f"{len(sizes)} axes ({', '.join(spec.block.axes)})"
+                )
+            shape, stride = tensor.shape, tensor.stride()
+            for axis, text in enumerate(sizes):
+                what = f"size of input {spec.name!r} along axis {spec.block.axes[axis]}"
+                deferred += self._bind(symbols, origin, text, shape[axis], what)
+            for axis, text in enumerate(strides):
+                if shape[axis] > 1:  # a stride along 0 or 1 elements is never used
+                    what = f"stride of input {spec.name!r} along axis {spec.block.axes[axis]}"
+                    deferred += self._bind(symbols, origin, text, stride[axis], what)
+        for text, actual, what in deferred:
+            evaluate = self.evaluators.get(text)
+            if evaluate is None:
+                continue
+            try:
+                wanted = evaluate(symbols)
+            except KeyError:
+                continue  # depends on a stride that no input pinned down
+            if wanted != actual:
+                raise BindingError(
+                    f"{self.binding.NAME}: the {what} is {actual}, but the package was exported "
+                    f"with {text} = {wanted}; only collections of its schema's layouts fit"
+                )
+
+    @staticmethod
+    def _bind(
+        symbols: dict[str, int], origin: dict[str, str], text: str, actual: int, what: str
+    ) -> list[tuple[str, int, str]]:
+        if not text.isidentifier():
+            return [(text, actual, what)]
+        known = symbols.get(text)
+        if known is None:
+            symbols[text] = actual
+            origin[text] = what
+        elif known != actual:
+            raise BindingError(
+                f"the {what} is {actual}, but the {origin[text]} is {known}: the package was "
+                f"exported with them equal (one collection bound to both?)"
+            )
+        return []

@@ -1,0 +1,227 @@
+"""Backends: what runs a model on its input tensors, placed on each device at its first call there.
+
+One backend object serves every device: `on(device)` builds the runner for a device once (a copy of
+the module on that device, a TorchScript file loaded with `map_location`, a compiled module, an
+AOTInductor package loaded for that device), caches it, and hands the same runner to every later
+call, from any thread. Runners take the input tensors in schema order and return what the model
+returns; `soagen.runtime.model` checks that before anything is written.
+
+| kind        | model given as                              | runs                                  |
+|-------------|---------------------------------------------|---------------------------------------|
+| eager       | `nn.Module`                                 | the module (a copy per other device)  |
+| torchscript | `torch.jit.ScriptModule`, `.pt` file        | `torch.jit.load(map_location=device)` |
+| compile     | `nn.Module` (with `backend="compile"`)      | `torch.compile(module, dynamic=True)` |
+| aot         | `.pt2` package made by `soagen compile`     | AOTInductor, see `soagen.runtime.aot` |
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import io
+import os
+import threading
+import typing
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from soagen.runtime.errors import ModelLoadError
+
+if typing.TYPE_CHECKING:
+    import torch
+
+    from soagen.runtime.model import ModelBinding
+
+KINDS = ("eager", "torchscript", "compile", "aot")
+
+Runner = Callable[[Sequence["torch.Tensor"]], object]
+
+
+class Backend(abc.ABC):
+    """Runs one model; builds and caches a runner per device."""
+
+    kind: typing.ClassVar[str]
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._runners: dict[torch.device, Runner] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def index_bounds(self) -> Mapping[str, str]:
+        """Index inputs the model file declares, each with the input whose elements it indexes."""
+        return {}
+
+    def on(self, device: torch.device) -> Runner:
+        """The runner for `device`, built at the first call there."""
+        runner = self._runners.get(device)
+        if runner is None:
+            with self._lock:
+                runner = self._runners.get(device)
+                if runner is None:
+                    runner = self.place(device)
+                    self._runners[device] = runner
+        return runner
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The devices this backend has been placed on so far."""
+        return tuple(self._runners)
+
+    @abc.abstractmethod
+    def place(self, device: torch.device) -> Runner:
+        """Build the runner for one device."""
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} backend: {self.description}>"
+
+
+class EagerBackend(Backend):
+    kind = "eager"
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__(type(module).__name__)
+        self.module = module
+
+    def place(self, device: torch.device) -> Runner:
+        return _positional(_module_on(self.module, device))
+
+
+class TorchScriptBackend(Backend):
+    kind = "torchscript"
+
+    def __init__(self, source: torch.jit.ScriptModule | Path) -> None:
+        import torch
+
+        if isinstance(source, Path):
+            super().__init__(str(source))
+            self.archive = source.read_bytes()
+        else:
+            super().__init__(type(source).__name__)
+            # Saved once: each device loads its own copy with `map_location`, as from a file.
+            saved = io.BytesIO()
+            torch.jit.save(source, saved)
+            self.archive = saved.getvalue()
+
+    def place(self, device: torch.device) -> Runner:
+        import torch
+
+        module = torch.jit.load(io.BytesIO(self.archive), map_location=device)  # type: ignore[no-untyped-call]
+        module.eval()
+        return _positional(module)
+
+
+class CompileBackend(Backend):
+    """`torch.compile`: the first call on each device compiles (seconds), later calls reuse it."""
+
+    kind = "compile"
+
+    def __init__(
+        self, module: torch.nn.Module, options: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(type(module).__name__)
+        self.module = module
+        # dynamic=True: element counts (and the strides that follow them) vary from call to call.
+        self.options: dict[str, object] = {"dynamic": True, **(options or {})}
+
+    def place(self, device: torch.device) -> Runner:
+        import torch
+
+        compiled = torch.compile(_module_on(self.module, device), **self.options)  # type: ignore[call-overload]
+        first_call = threading.Lock()
+        warm = threading.Event()
+
+        def run(inputs: Sequence[torch.Tensor]) -> object:
+            # Threads must not trace the same function at once: the first call compiles alone.
+            if not warm.is_set():
+                with first_call:
+                    result = compiled(*inputs)
+                    warm.set()
+                    return result
+            return compiled(*inputs)
+
+        return run
+
+
+def _positional(module: Callable[..., object]) -> Runner:
+    """Inputs go to `forward` by position, in schema order: its argument names may differ."""
+
+    def run(inputs: Sequence[torch.Tensor]) -> object:
+        return module(*inputs)
+
+    return run
+
+
+def _module_on(module: torch.nn.Module, device: torch.device) -> Callable[..., object]:
+    """The module itself where all its tensors already are on `device`, else a copy moved there."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if all(tensor.device == device for tensor in tensors):
+        return module
+    return copy.deepcopy(module).to(device)
+
+
+def load_backend(model: object, *, kind: str | None, binding: type[ModelBinding]) -> Backend:
+    """The backend for a model object or file; `kind` forces one of `KINDS`."""
+    if kind is not None and kind not in KINDS:
+        raise ModelLoadError(f"backend must be one of {', '.join(KINDS)}; got {kind!r}")
+    if isinstance(model, (str, os.PathLike)):
+        return _from_file(Path(model), kind, binding)
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule):
+        if kind not in (None, "torchscript"):
+            raise ModelLoadError(
+                f"a TorchScript module runs with backend='torchscript', not {kind!r}"
+            )
+        return TorchScriptBackend(model)
+    if isinstance(model, torch.nn.Module):
+        if kind in (None, "eager"):
+            return EagerBackend(model)
+        if kind == "compile":
+            return CompileBackend(model)
+        raise ModelLoadError(
+            f"backend={kind!r} needs a model file; for an nn.Module use 'eager' or 'compile'"
+            + (", or build a .pt2 with `soagen compile`" if kind == "aot" else "")
+        )
+    raise ModelLoadError(
+        f"{binding.NAME}: a model is an nn.Module, a TorchScript module or a path to a .pt or "
+        f".pt2 file; got {type(model).__name__}"
+    )
+
+
+def _from_file(path: Path, kind: str | None, binding: type[ModelBinding]) -> Backend:
+    if not path.is_file():
+        raise ModelLoadError(f"model file {str(path)!r} does not exist or is not a file")
+    found = file_kind(path)
+    if kind is not None and kind != found:
+        raise ModelLoadError(f"{path} is a {found} file; it cannot run with backend={kind!r}")
+    if found == "aot":
+        from soagen.runtime.aot import AotBackend
+
+        return AotBackend(path, binding)
+    return TorchScriptBackend(path)
+
+
+def file_kind(path: Path) -> str:
+    """ "torchscript" or "aot", from the archive's entries (the suffix alone proves nothing)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as error:
+        raise ModelLoadError(
+            f"{path} is not a TorchScript (.pt) or AOTInductor (.pt2) archive: {error}"
+        ) from None
+    if any("/aotinductor/" in name or name.startswith("aotinductor/") for name in names):
+        return "aot"
+    if any(name.endswith("/constants.pkl") for name in names) and any(
+        "/code/" in name for name in names
+    ):
+        return "torchscript"
+    if any(name.endswith("/data.pkl") for name in names):
+        raise ModelLoadError(
+            f"{path} holds a pickled object (torch.save), not a TorchScript module or an "
+            f"AOTInductor package: build the module in Python and pass it, save it with "
+            f"torch.jit.save, or package it with `soagen compile`"
+        )
+    raise ModelLoadError(f"{path} is a zip archive but neither TorchScript nor AOTInductor")

@@ -1,0 +1,328 @@
+"""Backends (eager, TorchScript, torch.compile), index range checks, CPU threads, zero-copy calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from soagen.runtime import IndexRangeError, ModelLoadError, OutputError
+from soagen.runtime.backends import file_kind
+from soagen.runtime.errors import BindingError
+
+from .helpers import REPO
+
+N_NODES, N_EDGES = 300, 1000
+
+
+@pytest.fixture(scope="module")
+def gnn():  # type: ignore[no-untyped-def]
+    """The example GNN, its collections filled with valid data, and the eager result."""
+    from examples.gnn_model import build_model
+    from generated.gnn import Edges, EdgeScores, Nodes
+
+    nodes, edges = Nodes.allocate(N_NODES), Edges.allocate(N_EDGES)
+    generator = torch.Generator().manual_seed(3)
+    nodes.block("node_features").copy_(torch.randn(N_NODES, 4, generator=generator))
+    edges.block("edge_index").copy_(torch.randint(0, N_NODES, (2, N_EDGES), generator=generator))
+    edges.block("edge_features").copy_(torch.rand(N_EDGES, 2, generator=generator))
+    net = build_model()
+    with torch.no_grad():
+        expected = net(
+            nodes.block("node_features").contiguous(),
+            edges.block("edge_index").contiguous(),
+            edges.block("edge_features").contiguous(),
+        )
+    return net, nodes, edges, EdgeScores, expected
+
+
+def _run(model, gnn):  # type: ignore[no-untyped-def]
+    _, nodes, edges, EdgeScores, _ = gnn
+    scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=scores)
+    return scores.score
+
+
+def test_torchscript_module_and_file_match_eager(gnn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, *_, expected = gnn
+    scripted = torch.jit.script(net)
+    from_module = EdgeClassifier(scripted)
+    assert from_module.backend == "torchscript"
+    torch.testing.assert_close(_run(from_module, gnn), expected)
+    path = tmp_path / "edge_classifier.pt"
+    torch.jit.save(scripted, str(path))
+    assert file_kind(path) == "torchscript"
+    from_file = EdgeClassifier.load(path)
+    assert from_file.backend == "torchscript"
+    torch.testing.assert_close(_run(from_file, gnn), expected)
+
+
+def test_torch_compile_matches_eager_at_several_sizes(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net, nodes, edges, _, expected = gnn
+    model = EdgeClassifier(net, backend="compile")
+    assert model.backend == "compile"
+    torch.testing.assert_close(_run(model, gnn), expected)
+    # Another element count (so other pitches and strides) reuses the same compiled model.
+    small_nodes, small_edges = Nodes.allocate(50), Edges.allocate(77)
+    small_nodes.block("node_features").copy_(nodes.block("node_features")[:50])
+    small_edges.block("edge_index").copy_(edges.block("edge_index")[:, :77] % 50)
+    small_edges.block("edge_features").copy_(edges.block("edge_features")[:77])
+    scores = EdgeScores.allocate(77)
+    model(small_nodes, small_edges, out=scores)
+    with torch.no_grad():
+        reference = net(
+            small_nodes.block("node_features").contiguous(),
+            small_edges.block("edge_index").contiguous(),
+            small_edges.block("edge_features").contiguous(),
+        )
+    torch.testing.assert_close(scores.score, reference)
+
+
+def test_runner_is_built_once_per_device(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, *_ = gnn
+    model = EdgeClassifier(net)
+    _run(model, gnn)
+    _run(model, gnn)
+    backend = model._backend
+    assert backend.devices == (torch.device("cpu"),)
+    assert backend.on(torch.device("cpu")) is backend.on(torch.device("cpu"))
+
+
+def test_eager_call_copies_only_the_outputs(gnn) -> None:  # type: ignore[no-untyped-def]
+    """The inputs reach the model as views: the only copy in a call is the output write-back."""
+    from generated.gnn import EdgeClassifier
+
+    class Sums(nn.Module):
+        def forward(self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor):  # type: ignore[no-untyped-def]
+            return torch.where(index[0] >= 0, edges.sum(1), nodes.sum())
+
+    model = EdgeClassifier(Sums())
+    _run(model, gnn)  # placement and thread set-up happen outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        _run(model, gnn)
+    names = [event.name for event in profile.events()]
+    assert names.count("aten::copy_") == 1  # the one output block
+    for forbidden in (
+        "aten::clone",
+        "aten::contiguous",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::stack",
+    ):
+        assert forbidden not in names
+
+
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (lambda s: {"edge_scores": s}, None),
+        (lambda s: (s,), None),
+        (lambda s: [s], None),
+        (lambda s: {"scores": s}, "dict with keys scores; the schema's outputs are edge_scores"),
+        (lambda s: None, "returned NoneType"),
+        (lambda s: (s, 3), "returned tuple"),
+    ],
+)
+def test_output_forms(gnn, returned, message: str | None) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, nodes, edges, EdgeScores, expected = gnn
+
+    class Wrapped(nn.Module):
+        def forward(self, *inputs: torch.Tensor):  # type: ignore[no-untyped-def]
+            return returned(net(*inputs))
+
+    scores = EdgeScores.allocate(N_EDGES)
+    scores.score.fill_(5)
+    if message is None:
+        EdgeClassifier(Wrapped())(nodes, edges, out=scores)
+        torch.testing.assert_close(scores.score, expected)
+    else:
+        with pytest.raises(OutputError, match=message):
+            EdgeClassifier(Wrapped())(nodes, edges, out=scores)
+        assert bool((scores.score == 5).all())
+
+
+@pytest.mark.parametrize("bad_value", [N_NODES, -1, 10**12])
+def test_index_out_of_range_stops_the_call(gnn, bad_value: int) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    calls: list[int] = []
+
+    class Counting(nn.Module):
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return inputs[2][:, 0]
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    model = EdgeClassifier(Counting(), index_bounds={"edge_index": "node_features"})
+    scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=scores)
+    assert calls == [1]
+    bad = edges.clone()
+    bad.dst[17] = bad_value
+    with pytest.raises(IndexRangeError, match=r"'edge_index' holds indices outside \[0, 300\)"):
+        model(nodes, bad, out=scores)
+    assert calls == [1]
+
+
+def test_index_bounds_are_validated() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier
+
+    with pytest.raises(BindingError, match="has no input 'nodes'"):
+        EdgeClassifier(build_model(), index_bounds={"edge_index": "nodes"})
+    with pytest.raises(BindingError, match="holds float32, not integer indices"):
+        EdgeClassifier(build_model(), index_bounds={"edge_features": "node_features"})
+
+
+def test_model_files_are_recognised_by_content(tmp_path: Path) -> None:
+    from generated.gnn import EdgeClassifier
+
+    pickled = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, pickled)
+    with pytest.raises(ModelLoadError, match="pickled object"):
+        EdgeClassifier.load(pickled)
+    garbage = tmp_path / "model.pt2"
+    garbage.write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="is not a TorchScript .* or AOTInductor"):
+        EdgeClassifier.load(garbage)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        EdgeClassifier.load(tmp_path / "missing.pt")
+    scripted = tmp_path / "scripted.pt2"  # a misleading suffix changes nothing
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(scripted))
+    with pytest.raises(
+        ModelLoadError, match="is a torchscript file; it cannot run with backend='aot'"
+    ):
+        EdgeClassifier.load(scripted, backend="aot")
+
+
+def test_backend_choice_errors() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier
+
+    with pytest.raises(ModelLoadError, match="one of eager, torchscript, compile, aot; got 'fast'"):
+        EdgeClassifier(build_model(), backend="fast")
+    with pytest.raises(ModelLoadError, match="backend='aot' needs a model file.*soagen compile"):
+        EdgeClassifier(build_model(), backend="aot")
+    with pytest.raises(ModelLoadError, match="runs with backend='torchscript', not 'compile'"):
+        EdgeClassifier(torch.jit.script(build_model()), backend="compile")
+    with pytest.raises(ModelLoadError, match="got int"):
+        EdgeClassifier(3)
+
+
+THREADS_PROGRAM = textwrap.dedent(
+    """
+    import torch
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+    torch.set_num_threads(2)
+    EdgeClassifier(build_model())(Nodes.allocate(4), Edges.allocate(0), out=EdgeScores.allocate(0))
+    print(torch.get_num_threads(), torch.get_num_interop_threads())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [(None, "1 1"), ("2", "2 1"), ("2,2", "2 2"), ("many", "SOAGEN_CPU_THREADS='many'")],
+)
+def test_cpu_threads_are_set_at_the_first_cpu_call(setting: str | None, expected: str) -> None:
+    environment = {k: v for k, v in os.environ.items() if k != "SOAGEN_CPU_THREADS"}
+    if setting is not None:
+        environment["SOAGEN_CPU_THREADS"] = setting
+    result = subprocess.run(
+        [sys.executable, "-c", THREADS_PROGRAM],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert expected in result.stdout + result.stderr
+
+
+def test_example_runs_every_jit_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.run_gnn import main
+
+    arguments = ["--nodes", "40", "--edges", "90", "--repeat", "1"]
+    assert main([*arguments, "--backend", "eager", "--backend", "torchscript"]) == 0
+    output = capsys.readouterr().out
+    assert "| soagen eager |" in output and "| soagen torchscript |" in output
+    assert "every backend's scores match" in output
+    with pytest.raises(SystemExit, match="needs --package"):
+        main([*arguments, "--backend", "aot"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_runs_where_the_data_lives_on_the_given_stream(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, nodes, edges, EdgeScores, expected = gnn
+    model = EdgeClassifier(net, index_bounds={"edge_index": "node_features"})
+    cpu_scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=cpu_scores)
+    gpu_nodes, gpu_edges = nodes.to("cuda"), edges.to("cuda")
+    gpu_scores = EdgeScores.allocate(N_EDGES, device="cuda")
+    model(gpu_nodes, gpu_edges, out=gpu_scores)  # places the model: its weights go to the GPU once
+    stream = torch.cuda.Stream()
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as profile:
+        model(gpu_nodes, gpu_edges, out=gpu_scores, stream=stream)
+    stream.synchronize()
+    names = [event.name for event in profile.events()]
+    assert not any("Memcpy HtoD" in name or "Memcpy DtoH" in name for name in names)
+    # One model object now serves both devices; the CPU module stays where it was.
+    assert set(model._backend.devices) == {torch.device("cpu"), gpu_nodes.device}
+    assert next(net.parameters()).device.type == "cpu"
+    torch.testing.assert_close(gpu_scores.score.cpu(), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cpu_scores.score, expected)
+
+
+FAULTS_PROGRAM = textwrap.dedent(
+    """
+    import resource, sys, torch
+    from soagen.runtime import set_malloc_tuning
+    print("tuned" if set_malloc_tuning(sys.argv[1] == "on") else "untuned")
+    torch.ones(16_000_000)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        torch.ones(16_000_000)  # 64 MB: above glibc's largest dynamic mmap threshold
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="malloc tuning is for glibc",
+)
+def test_malloc_tuning_keeps_freed_memory_mapped() -> None:
+    """Untuned, glibc unmaps each freed 64 MB block and every new one page-faults in again."""
+    faults = {}
+    for setting in ("on", "off"):
+        result = subprocess.run(
+            [sys.executable, "-c", FAULTS_PROGRAM, setting],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        state, count = result.stdout.split()
+        assert state == ("tuned" if setting == "on" else "untuned")
+        faults[setting] = int(count)
+    # Tuned, a block is faulted in once and then reused; untuned, all five are faulted in anew.
+    assert faults["on"] * 3 < faults["off"], faults

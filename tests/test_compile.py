@@ -1,0 +1,606 @@
+"""`soagen compile` and AOTInductor packages: real packages, compiled once per session.
+
+Two packages are built (AOTInductor takes 10-40 s each): the GNN example through the CLI in a
+subprocess, exactly as a user runs it, and a small track model through `compile_model`, whose
+inputs cover a [c, n] block, an array column ([n, 3, 3], strides (1, P, 3P)), a scalar broadcast
+over n (stride 0), and whose two outputs come back as a dict. Everything else (refusals, argument
+errors) needs no compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from soagen.compile import CompileError, compile_model, parse_index_bounds  # noqa: E402
+from soagen.runtime.aot import METADATA_KEY, AotBackend  # noqa: E402
+from soagen.runtime.errors import (  # noqa: E402
+    BindingError,
+    IndexRangeError,
+    ModelLoadError,
+)
+
+from .helpers import REPO, generate_package, import_generated, run_cli  # noqa: E402
+
+GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
+GNN_FACTORY = "examples/gnn_model.py:build_model"
+
+TRACK_SCHEMA = """
+layout Tracks {
+    align 64
+    column float32 px, py, pz
+    column float32[3, 3] cov
+    scalar float32 bfield
+}
+
+layout TrackOut {
+    column float32 a, b
+    column float32 q
+}
+
+model TrackNet {
+    input  momentum = Tracks{px, py, pz} as [c, n]
+    input  cov      = Tracks{cov}        as [n, 3, 3]
+    input  bfield   = Tracks{bfield}     as [n]
+    output features = TrackOut{a, b}     as [c, n]
+    output charge   = TrackOut{q}
+}
+"""
+
+TRACK_FACTORY = """
+import torch
+from torch import nn
+
+
+class TrackNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Linear(3 + 9 + 1, 3)
+
+    def forward(self, momentum, cov, bfield):
+        n = bfield.shape[0]
+        x = torch.cat([momentum.t(), cov.reshape(n, 9), bfield[:, None]], dim=1)
+        h = self.mix(x)
+        # A dict, keys not in schema order: the package returns them in schema order.
+        return {"charge": torch.tanh(h[:, 2]), "features": h[:, :2].t() * 2}
+
+
+def build():
+    torch.manual_seed(1)
+    return TrackNet().eval()
+
+
+def not_a_module():
+    return 42
+"""
+
+
+def _compile_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "soagen", "compile", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="session")
+def gnn_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """The GNN example compiled by `soagen compile` in a subprocess: (package, stdout, stderr)."""
+    out = tmp_path_factory.mktemp("aot") / "edge_classifier.pt2"
+    done = _compile_subprocess(
+        str(GNN_SCHEMA.relative_to(REPO)),
+        "--model",
+        "EdgeClassifier",
+        "--factory",
+        GNN_FACTORY,
+        "--device",
+        "cpu",
+        "-o",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout, done.stderr
+
+
+@pytest.fixture(scope="session")
+def gnn_package(gnn_build: tuple[Path, str, str]) -> Path:
+    return gnn_build[0]
+
+
+@pytest.fixture(scope="session")
+def gnn(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    root = tmp_path_factory.mktemp("gnn_module")
+    generate_package(GNN_SCHEMA, root, "pkg_compile_gnn")
+    return import_generated(root, "pkg_compile_gnn", "gnn")
+
+
+@pytest.fixture(scope="session")
+def gnn_model() -> torch.nn.Module:
+    sys.path.insert(0, str(REPO))
+    try:
+        from examples.gnn_model import build_model
+    finally:
+        sys.path.remove(str(REPO))
+    return build_model()
+
+
+@pytest.fixture(scope="session")
+def tracks(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, Path]:
+    """The track schema's module, its factory file and its package built by `compile_model`."""
+    root = tmp_path_factory.mktemp("tracks")
+    (root / "tracks.soa").write_text(TRACK_SCHEMA)
+    (root / "track_model.py").write_text(TRACK_FACTORY)
+    lines: list[str] = []
+    package = compile_model(
+        root / "tracks.soa",
+        "TrackNet",
+        f"{root / 'track_model.py'}:build",
+        output=root / "out" / "tracks.pt2",
+        progress=lines.append,
+    )
+    assert package == root / "out" / "tracks.pt2" and package.is_file()
+    assert len([line for line in lines if "done in" in line]) == 6
+    assert [p.name for p in package.parent.iterdir()] == ["tracks.pt2"]  # no staging file left
+    generate_package(root / "tracks.soa", root, "pkg_compile_tracks")
+    return import_generated(root, "pkg_compile_tracks", "tracks"), root / "track_model.py", package
+
+
+def _gnn_inputs(gnn: ModuleType, n_nodes: int, n_edges: int, seed: int = 0) -> tuple[Any, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    nodes = gnn.Nodes.allocate(n_nodes, zero=True)
+    edges = gnn.Edges.allocate(n_edges, zero=True)
+    nodes.block("node_features").copy_(torch.randn(n_nodes, 4, generator=generator))
+    edges.block("edge_index").copy_(
+        torch.randint(0, max(n_nodes, 1), (2, n_edges), generator=generator)
+    )
+    edges.block("edge_features").copy_(torch.randn(n_edges, 2, generator=generator))
+    return nodes, edges
+
+
+# The CLI, end to end.
+
+
+def test_cli_compile_reports_every_stage(gnn_build: tuple[Path, str, str]) -> None:
+    package, stdout, stderr = gnn_build
+    for stage in (
+        "[1/6] loading schema schemas/gnn.soa",
+        "[2/6] building model (examples/gnn_model.py:build_model)",
+        "[3/6] exporting with dynamic element counts (torch.export)",
+        "[4/6] compiling with AOTInductor for cpu",
+        "[5/6] checking the package against the eager model",
+        f"[6/6] packaging {package.as_posix()}",
+    ):
+        assert f"soagen compile: {stage} ...\n" in stderr
+        assert f"soagen compile: {stage}: done in " in stderr
+    assert stdout.startswith(f"wrote {package.as_posix()} (EdgeClassifier for cpu, ")
+
+
+# Running a package.
+
+
+@pytest.mark.parametrize(
+    ("n_nodes", "n_edges"),
+    [(1, 1), (1, 3), (3, 1), (2, 2), (37, 100), (1000, 37), (5000, 5000), (4097, 129)],
+)
+def test_gnn_package_matches_eager(
+    gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path, n_nodes: int, n_edges: int
+) -> None:
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    eager = gnn.EdgeClassifier(gnn_model)
+    assert compiled.backend == "aot"
+    nodes, edges = _gnn_inputs(gnn, n_nodes, n_edges, seed=n_nodes + n_edges)
+    got, want = gnn.EdgeScores.allocate(n_edges), gnn.EdgeScores.allocate(n_edges)
+    compiled(nodes, edges, out=got)
+    eager(nodes, edges, out=want)
+    torch.testing.assert_close(got.score, want.score)
+
+
+def test_gnn_package_skips_empty_collections(gnn: ModuleType, gnn_package: Path) -> None:
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    nodes, edges = _gnn_inputs(gnn, 0, 0)
+    scores = gnn.EdgeScores.allocate(0)
+    compiled(nodes, edges, out=scores)
+    assert scores.score.shape == (0,)
+
+
+def test_gnn_package_runs_on_slices(
+    gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path
+) -> None:
+    """batch_size slices keep the parent's pitch with fewer elements and a storage offset."""
+    n = 1000
+    nodes, edges = _gnn_inputs(gnn, n, n)
+    edges.block("edge_index").copy_(torch.randint(0, 32, (2, n)))  # in range of every slice
+    got, want = gnn.EdgeScores.allocate(n), gnn.EdgeScores.allocate(n)
+    gnn.EdgeClassifier.load(gnn_package)(nodes, edges, out=got, batch_size=300)
+    gnn.EdgeClassifier(gnn_model)(nodes, edges, out=want, batch_size=300)
+    torch.testing.assert_close(got.score, want.score)
+
+
+def test_inputs_go_in_without_copies(gnn: ModuleType, gnn_package: Path) -> None:
+    """No copy, clone or contiguous of an input runs inside the runner. (The compiled model's own
+    aten calls, such as copying a bias into an addmm output, do run: they have other shapes.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    backend = AotBackend(gnn_package, gnn.EdgeClassifier)
+    runner = backend.on(torch.device("cpu"))
+    nodes, edges = _gnn_inputs(gnn, 1000, 3000)
+    views = [nodes.block("node_features"), edges.block("edge_index")]
+    views.append(edges.block("edge_features"))
+    assert views[0].stride() == (1, 1024) and views[2].stride() == (1, 3008)  # SoA, not contiguous
+    input_shapes = [list(view.shape) for view in views]
+    with torch.inference_mode():
+        runner(views)  # warm up
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            results = runner(views)
+    assert isinstance(results, list) and results[0].shape == (3000,)
+    names = {event.name for event in prof.events()}
+    assert not names & {"aten::clone", "aten::contiguous", "aten::_to_copy"}
+    for event in prof.events():
+        if event.name == "aten::copy_":
+            assert not any(shape in input_shapes for shape in event.input_shapes), event
+    # The package itself has no kernel that copies an input into a contiguous layout.
+    with zipfile.ZipFile(gnn_package) as archive:
+        sources = [archive.read(n) for n in archive.namelist() if n.endswith("wrapper.cpp")]
+    assert sources and not any(b"clone" in source for source in sources)
+
+
+def test_one_package_from_eight_threads(
+    gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path
+) -> None:
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    cases = [_gnn_inputs(gnn, 50 + 7 * i, 300 + 11 * i, seed=i) for i in range(8)]
+    expected = []
+    for nodes, edges in cases:
+        scores = gnn.EdgeScores.allocate(edges.size)
+        gnn.EdgeClassifier(gnn_model)(nodes, edges, out=scores)
+        expected.append(scores.score.clone())
+    failures: list[BaseException] = []
+
+    def work(i: int) -> None:
+        nodes, edges = cases[i]
+        try:
+            for _ in range(20):
+                scores = gnn.EdgeScores.allocate(edges.size)
+                compiled(nodes, edges, out=scores)
+                torch.testing.assert_close(scores.score, expected[i])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+
+
+def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> None:
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    assert dict(compiled._backend.index_bounds) == {"edge_index": "node_features"}
+    assert compiled.index_bounds == {"edge_index": "node_features"}
+    nodes, edges = _gnn_inputs(gnn, 10, 20)
+    edges.block("edge_index")[1, 5] = 10
+    with pytest.raises(IndexRangeError, match="outside \\[0, 10\\)"):
+        compiled(nodes, edges, out=gnn.EdgeScores.allocate(20))
+
+
+def test_runner_refuses_inputs_the_package_was_not_exported_for(
+    gnn: ModuleType, gnn_package: Path
+) -> None:
+    """AOTInductor checks nothing at run time: the runner checks sizes against the export."""
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    nodes, edges = _gnn_inputs(gnn, 10, 20)
+    _, other_edges = _gnn_inputs(gnn, 10, 21)
+    with pytest.raises(BindingError, match="exported with them equal"):
+        compiled.run(
+            {"node_features": nodes, "edge_index": edges, "edge_features": other_edges},
+            {"edge_scores": gnn.EdgeScores.allocate(20)},
+        )
+    runner = compiled._backend.on(torch.device("cpu"))
+    with pytest.raises(BindingError, match="takes torch.float32 with 2 axes"):
+        runner([torch.zeros(10, 4, dtype=torch.float64), *[edges.block("edge_index")] * 2])
+
+
+def test_track_package_matches_eager(tracks: tuple[ModuleType, Path, Path]) -> None:
+    module, factory, package = tracks
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("track_model_for_test", factory)
+    assert spec is not None and spec.loader is not None
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    compiled = module.TrackNet.load(package)
+    eager = module.TrackNet(source.build())
+    assert compiled.index_bounds == {}
+    for n in (1, 2, 3, 16, 17, 100, 1001):
+        generator = torch.Generator().manual_seed(n)
+        tracks_in = module.Tracks.allocate(n)
+        tracks_in.block("momentum").copy_(torch.randn(3, n, generator=generator))
+        tracks_in.cov.copy_(torch.randn(n, 3, 3, generator=generator))
+        tracks_in.bfield.fill_(3.8)
+        got, want = module.TrackOut.allocate(n), module.TrackOut.allocate(n)
+        compiled(tracks_in, out=got)
+        eager(tracks_in, out=want)
+        torch.testing.assert_close(got.block("features"), want.block("features"))
+        torch.testing.assert_close(got.q, want.q)
+        assert got.q.abs().max() <= 1
+
+
+def test_track_package_records_symbolic_strides(tracks: tuple[ModuleType, Path, Path]) -> None:
+    module, _, package = tracks
+    metadata = AotBackend(package, module.TrackNet).metadata
+    momentum, cov, bfield = metadata["input_geometry"]
+    # Pitches are symbols of their own, read from the tensors; array strides follow from them.
+    assert momentum["sizes"][0] == "3" and momentum["strides"][1] == "1"
+    assert momentum["strides"][0].isidentifier()
+    pitch = cov["strides"][1]
+    assert cov["strides"][0] == "1" and pitch.isidentifier()
+    assert cov["strides"][2] == f"3*{pitch}"
+    assert bfield["strides"] == ["0"]
+    assert metadata["example_sizes"] == {"Tracks": 64 * 16 + 1}
+
+
+# Refusing packages built for something else.
+
+
+def _variant(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new)
+
+
+GNN_TEXT = GNN_SCHEMA.read_text()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "layout Nodes {\n    align 128",
+            "layout Nodes {\n    align 64",
+            "input 'node_features': the byte layout of Nodes differs",
+        ),
+        (
+            "    column int64 src, dst\n    column float32 delta_r, delta_eta\n",
+            "    column float32 delta_r, delta_eta\n    column int64 src, dst\n",
+            "input 'edge_index': the byte layout of Edges differs",
+        ),
+        (
+            "Nodes{x, y, z, energy}      as [n, c]",
+            "Nodes{x, y, z}              as [n, c]",
+            "input 'node_features': members x, y, z, energy in the package, x, y, z here",
+        ),
+        (
+            "Edges{src, dst}             as [c, n]",
+            "Edges{src, dst}             as [n, c]",
+            "input 'edge_index': axes c, n in the package, n, c here",
+        ),
+        (
+            "output edge_scores   = EdgeScores{score}",
+            "output scores        = EdgeScores{score}",
+            "its outputs are edge_scores; EdgeClassifier's are scores",
+        ),
+        ("model EdgeClassifier", "model EdgeScorer", "it is model 'EdgeClassifier'"),
+    ],
+)
+def test_load_refuses_a_package_for_another_schema(
+    generated_from_text: Callable[[str], ModuleType],
+    gnn_package: Path,
+    old: str,
+    new: str,
+    message: str,
+) -> None:
+    module = generated_from_text(_variant(GNN_TEXT, old, new))
+    binding = getattr(module, "EdgeScorer" if "EdgeScorer" in new else "EdgeClassifier")
+    with pytest.raises(ModelLoadError, match="built for another schema or layout") as caught:
+        binding.load(gnn_package)
+    assert message in str(caught.value)
+    assert "Rebuild it with `soagen compile`" in str(caught.value)
+
+
+def _rewrite_metadata(source: Path, target: Path, change: Callable[[dict[str, str]], None]) -> Path:
+    """A copy of a package whose AOTInductor metadata files went through `change`."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            if info.filename.endswith("_metadata.json"):
+                entries = json.loads(data)
+                change(entries)
+                data = json.dumps(entries).encode()
+            new.writestr(info, data)
+    return target
+
+
+def _change_soagen(**fields: object) -> Callable[[dict[str, str]], None]:
+    def change(entries: dict[str, str]) -> None:
+        metadata = json.loads(entries[METADATA_KEY])
+        metadata.update(fields)
+        entries[METADATA_KEY] = json.dumps(metadata)
+
+    return change
+
+
+def test_load_refuses_a_package_not_built_by_soagen(
+    gnn: ModuleType, gnn_package: Path, tmp_path: Path
+) -> None:
+    plain = _rewrite_metadata(
+        gnn_package, tmp_path / "plain.pt2", lambda entries: entries.pop(METADATA_KEY)
+    )
+    with pytest.raises(ModelLoadError, match="not built by `soagen compile`"):
+        gnn.EdgeClassifier.load(plain)
+
+
+def test_load_refuses_another_torch_or_soagen(
+    gnn: ModuleType, gnn_package: Path, tmp_path: Path
+) -> None:
+    old_torch = _rewrite_metadata(
+        gnn_package, tmp_path / "torch.pt2", _change_soagen(torch_version="2.12.1+cu126")
+    )
+    with pytest.raises(ModelLoadError, match="compiled with torch 2.12.1\\+cu126, but torch"):
+        gnn.EdgeClassifier.load(old_torch)
+    old_soagen = _rewrite_metadata(
+        gnn_package, tmp_path / "soagen.pt2", _change_soagen(soagen_version="0.0.9")
+    )
+    with pytest.raises(ModelLoadError, match="built by soagen 0.0.9"):
+        gnn.EdgeClassifier.load(old_soagen)
+    # Another build of the same torch release is fine.
+    same = _rewrite_metadata(
+        gnn_package, tmp_path / "same.pt2", _change_soagen(torch_version=torch.__version__ + "x")
+    )
+    if "+" in torch.__version__:
+        gnn.EdgeClassifier.load(same)
+
+
+def test_package_for_another_device_refuses_to_run_here(
+    gnn: ModuleType, gnn_package: Path, tmp_path: Path
+) -> None:
+    cuda = _rewrite_metadata(gnn_package, tmp_path / "cuda.pt2", _change_soagen(device="cuda"))
+    compiled = gnn.EdgeClassifier.load(cuda)
+    nodes, edges = _gnn_inputs(gnn, 4, 4)
+    with pytest.raises(ModelLoadError, match="compiled for cuda; it cannot run on cpu"):
+        compiled(nodes, edges, out=gnn.EdgeScores.allocate(4))
+
+
+# Argument errors: all found before anything is exported.
+
+
+def test_parse_index_bounds() -> None:
+    assert parse_index_bounds(["edge_index=node_features", " a = b "]) == {
+        "edge_index": "node_features",
+        "a": "b",
+    }
+    for bad in ("edge_index", "=x", "a=b=c", "a-b=c"):
+        with pytest.raises(CompileError) as caught:
+            parse_index_bounds([bad])
+        assert caught.value.usage
+
+
+def _cli_compile(tmp_path: Path, *extra: str, factory: str = GNN_FACTORY) -> tuple[int, str]:
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        status, _, stderr = run_cli(
+            "compile",
+            "schemas/gnn.soa",
+            "--model",
+            "EdgeClassifier",
+            "--factory",
+            factory,
+            "-o",
+            str(tmp_path / "out.pt2"),
+            *extra,
+        )
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / "out.pt2").exists()
+    return status, stderr
+
+
+def test_cli_compile_usage_errors(tmp_path: Path) -> None:
+    factory_file = tmp_path / "factory.py"
+    factory_file.write_text(TRACK_FACTORY)
+    cases = [
+        (
+            (),
+            "examples/missing.py:build_model",
+            "factory file 'examples/missing.py' does not exist",
+        ),
+        ((), "examples/gnn_model.py", "--factory takes FILE.py:FUNCTION"),
+        ((), "examples/gnn_model.py:nope", "has no function 'nope'; it defines build_model"),
+        ((), f"{factory_file}:not_a_module", "returned int, not a torch.nn.Module"),
+        (("--index", "edge_index"), GNN_FACTORY, "--index takes INDEX=BOUND"),
+        (("--index", "edge_features=node_features"), GNN_FACTORY, "holds float32, not integer"),
+        (("--index", "edges=node_features"), GNN_FACTORY, "has no input 'edges'"),
+        (("--device", "nonsense"), GNN_FACTORY, "is not a torch device"),
+    ]
+    for extra, factory, message in cases:
+        status, stderr = _cli_compile(tmp_path, *extra, factory=factory)
+        assert status == 2, (factory, stderr)
+        assert message in stderr, stderr
+
+
+def test_cli_compile_unknown_model_lists_the_models(tmp_path: Path) -> None:
+    status, _, stderr = run_cli(
+        "compile",
+        str(GNN_SCHEMA),
+        "--model",
+        "EdgeClasifier",
+        "--factory",
+        str(REPO / GNN_FACTORY),
+        "-o",
+        str(tmp_path / "x.pt2"),
+    )
+    assert status == 2
+    assert "has no model 'EdgeClasifier'; its models are EdgeClassifier" in stderr
+
+
+def test_cli_compile_output_must_be_pt2(tmp_path: Path) -> None:
+    status, _, stderr = run_cli(
+        "compile",
+        str(GNN_SCHEMA),
+        "--model",
+        "EdgeClassifier",
+        "--factory",
+        str(REPO / GNN_FACTORY),
+        "-o",
+        str(tmp_path / "x.pt"),
+    )
+    assert status == 2 and "must be a .pt2 file" in stderr
+
+
+def test_cli_compile_schema_errors_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.soa"
+    bad.write_text("layout A {\n    column float33 x\n}\n")
+    status, _, stderr = run_cli(
+        "compile", str(bad), "--model", "M", "--factory", "f.py:g", "-o", str(tmp_path / "x.pt2")
+    )
+    assert status == 1 and "SOA101" in stderr
+
+
+def test_cli_compile_model_that_does_not_fit_exits_1(tmp_path: Path) -> None:
+    factory_file = tmp_path / "two_outputs.py"
+    factory_file.write_text(
+        "import torch\n\n"
+        "class Two(torch.nn.Module):\n"
+        "    def forward(self, nodes, index, edges):\n"
+        "        return edges[:, 0], edges[:, 1]\n\n"
+        "def build():\n"
+        "    return Two()\n"
+    )
+    status, stderr = _cli_compile(tmp_path, factory=f"{factory_file}:build")
+    assert status == 1
+    assert "returns 2 value(s); EdgeClassifier declares 1 output tensor(s) (edge_scores)" in stderr
+
+
+def test_cli_stays_importable_without_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from soagen.cli import main\n"
+        "status = main(['compile', 'schemas/gnn.soa', '--model', 'EdgeClassifier', "
+        "'--factory', 'examples/gnn_model.py:build_model', '-o', 'x.pt2'])\n"
+        "assert status == 2, status\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compile needs torch" in done.stderr
+
+
+def test_compile_help_shows_an_example() -> None:
+    status, stdout, _ = run_cli("compile", "--help")
+    assert status == 0
+    assert "soagen compile schemas/gnn.soa --model EdgeClassifier" in stdout

@@ -1,0 +1,301 @@
+"""Model binding: collections in, zero-copy blocks to the model, validated outputs written back."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from soagen.runtime.model import BindingError, InputModifiedError, OutputError
+
+from .helpers import generate_package, import_generated
+
+MLP_SCHEMA = """
+layout Points {
+    align 64
+    column float32 x, y, z
+    column int64 label
+}
+layout Scores {
+    column float32 a, b
+}
+model Mlp {
+    input points = Points{x, y, z} as [n, c]
+    output scores = Scores{a, b} as [n, c]
+}
+model Transposed {
+    input points_t = Points{x, y, z} as [c, n]
+    output scores_t = Scores{a, b} as [c, n]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mlp_module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("model")
+    (root / "mlp.soa").write_text(MLP_SCHEMA)
+    generate_package(root / "mlp.soa", root, "pkg_model")
+    return import_generated(root, "pkg_model", "mlp")
+
+
+def _points(module, n: int):  # type: ignore[no-untyped-def]
+    points = module.Points.allocate(n)
+    generator = torch.Generator().manual_seed(n)
+    for name in ("x", "y", "z"):
+        points.member(name).copy_(torch.randn(n, generator=generator))
+    points.label.copy_(torch.arange(n))
+    return points
+
+
+class Linear32(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 2)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.layer(points)
+
+
+def test_gnn_round_trip_matches_model_on_contiguous_tensors() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    nodes, edges = Nodes.allocate(300), Edges.allocate(1000)
+    generator = torch.Generator().manual_seed(1)
+    nodes.block("node_features").copy_(torch.randn(300, 4, generator=generator))
+    edges.block("edge_index").copy_(torch.randint(0, 300, (2, 1000), generator=generator))
+    edges.block("edge_features").copy_(torch.rand(1000, 2, generator=generator))
+    scores = EdgeScores.allocate(1000)
+    net = build_model()
+    model = EdgeClassifier(net)
+    before = nodes.buffer.clone(), edges.buffer.clone()
+    model(nodes, edges, out=scores)
+    with torch.no_grad():
+        expected = net(
+            nodes.block("node_features").contiguous(),
+            edges.block("edge_index").contiguous(),
+            edges.block("edge_features").contiguous(),
+        )
+    torch.testing.assert_close(scores.score, expected)
+    assert torch.equal(nodes.buffer, before[0]) and torch.equal(edges.buffer, before[1])
+    # Collections given by binding name run the same.
+    scores.score.zero_()
+    model.run(
+        {"node_features": nodes, "edge_index": edges, "edge_features": edges},
+        {"edge_scores": scores},
+    )
+    torch.testing.assert_close(scores.score, expected)
+
+
+def test_model_sees_the_zero_copy_views(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    seen: list[torch.Tensor] = []
+
+    class Spy(nn.Module):
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            seen.append(points)
+            return points[:, :2] * 2
+
+    points, scores = _points(mlp_module, 100), mlp_module.Scores.allocate(100)
+    mlp_module.Mlp(Spy())(points, out=scores)
+    view = points.block("points")
+    assert seen[0].data_ptr() == view.data_ptr() == points.buffer.data_ptr()
+    assert seen[0].stride() == view.stride() == (1, 64 // 4 * 7)  # pitch of 100 float32 at align 64
+    torch.testing.assert_close(scores.a, points.x * 2)
+
+
+@pytest.mark.parametrize("binding", ["Mlp", "Transposed"])
+def test_outputs_are_written_in_every_axis_order(mlp_module, binding: str) -> None:  # type: ignore[no-untyped-def]
+    points, scores = _points(mlp_module, 37), mlp_module.Scores.allocate(37)
+    net = Linear32()
+    if binding == "Transposed":
+
+        class T(nn.Module):
+            def forward(self, p: torch.Tensor) -> torch.Tensor:
+                return net(p.t()).t()
+
+        model = mlp_module.Transposed(T())
+    else:
+        model = mlp_module.Mlp(net)
+    model(points, out=scores)
+    with torch.no_grad():
+        expected = net(torch.stack([points.x, points.y, points.z], 1))
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), expected)
+
+
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (lambda p: p[:, :2].double(), "dtype torch.float64, expected torch.float32"),
+        (lambda p: p, "shape [20, 3], expected [20, 2]"),
+        (lambda p: (p[:, :2], p[:, :2]), "returned 2 output(s)"),
+        (lambda p: p[:10, :2], "shape [10, 2]"),
+    ],
+)
+def test_bad_outputs_are_refused_and_nothing_written(mlp_module, output, message: str) -> None:  # type: ignore[no-untyped-def]
+    class Bad(nn.Module):
+        def forward(self, p: torch.Tensor):  # type: ignore[no-untyped-def]
+            return output(p)
+
+    points, scores = _points(mlp_module, 20), mlp_module.Scores.allocate(20)
+    scores.buffer.fill_(7)
+    with pytest.raises(
+        OutputError,
+        match=message.replace("(", r"\(")
+        .replace(")", r"\)")
+        .replace("[", r"\[")
+        .replace("]", r"\]"),
+    ):
+        mlp_module.Mlp(Bad())(points, out=scores)
+    assert bool((scores.buffer == 7).all())
+
+
+def test_model_raising_propagates_and_writes_nothing(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    class Raises(nn.Module):
+        def forward(self, p: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("model failed")
+
+    points, scores = _points(mlp_module, 5), mlp_module.Scores.allocate(5)
+    scores.buffer.fill_(3)
+    with pytest.raises(RuntimeError, match="model failed"):
+        mlp_module.Mlp(Raises())(points, out=scores)
+    assert bool((scores.buffer == 3).all())
+
+
+class WritesInput(nn.Module):
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        points *= 2  # some real taggers mask their inputs in place
+        return points[:, :2]
+
+
+def test_model_writing_its_inputs_is_caught(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    points, scores = _points(mlp_module, 8), mlp_module.Scores.allocate(8)
+    with pytest.raises(InputModifiedError, match="wrote into its input 'points'"):
+        mlp_module.Mlp(WritesInput())(points, out=scores)
+
+
+def test_protect_inputs_runs_on_copies(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    points, scores = _points(mlp_module, 8), mlp_module.Scores.allocate(8)
+    before = points.buffer.clone()
+    mlp_module.Mlp(WritesInput(), protect_inputs=True)(points, out=scores)
+    assert torch.equal(points.buffer, before)
+    torch.testing.assert_close(scores.a, points.x * 2)
+
+
+def test_batches_start_aligned_and_cover_everything(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    starts: list[int] = []
+    points = _points(mlp_module, 1000)
+    base = points.block("points").data_ptr()
+
+    class Record(nn.Module):
+        def forward(self, p: torch.Tensor) -> torch.Tensor:
+            starts.append((p.data_ptr() - base) // 4)
+            return p[:, :2] + 1
+
+    scores = mlp_module.Scores.allocate(1000)
+    mlp_module.Mlp(Record())(points, out=scores, batch_size=100)
+    # Points (align 64) needs starts at multiples of 16 float32, Scores (align 128) of 32: 100 -> 128.
+    assert starts == list(range(0, 1000, 128))
+    assert all((points.block("points").data_ptr() + s * 4) % 64 == 0 for s in starts)
+    torch.testing.assert_close(scores.b, points.y + 1)
+
+
+def test_batch_size_needs_equal_sizes() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    with pytest.raises(BindingError, match="same size"):
+        EdgeClassifier(build_model())(
+            Nodes.allocate(4), Edges.allocate(6), out=EdgeScores.allocate(6), batch_size=2
+        )
+
+
+def test_wrong_collections_are_refused(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    model = mlp_module.Mlp(Linear32())
+    points, scores = _points(mlp_module, 4), mlp_module.Scores.allocate(4)
+    with pytest.raises(TypeError, match="points"):
+        model(out=scores)
+    with pytest.raises(BindingError, match="Mlp.points binds Points, got Scores"):
+        model(scores, out=scores)
+    with pytest.raises(BindingError, match="Mlp.scores binds Scores, got Points"):
+        model(points, out=points)
+    with pytest.raises(BindingError, match="Mlp.points binds Points, got Tensor"):
+        model(torch.zeros(3), out=scores)
+    with pytest.raises(BindingError, match="inputs points; got points, extra"):
+        model.run({"points": points, "extra": points}, {"scores": scores})
+    with pytest.raises(BindingError, match="one device"):
+        model(points, out=scores.to("meta"))
+
+
+def test_generated_call_is_typed(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    import inspect
+
+    signature = inspect.signature(mlp_module.Mlp.__call__)
+    assert list(signature.parameters) == ["self", "points", "out", "stream", "batch_size"]
+    assert signature.parameters["points"].annotation == "Points"
+    assert signature.parameters["out"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert signature.parameters["out"].annotation == "Scores"
+
+
+def test_empty_outputs_skip_the_model(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    class Never(nn.Module):
+        def forward(self, p: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("called")
+
+    mlp_module.Mlp(Never())(_points(mlp_module, 0), out=mlp_module.Scores.allocate(0))
+
+
+def test_one_model_object_from_many_threads(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    model = mlp_module.Mlp(Linear32())
+    inputs = [_points(mlp_module, n) for n in (50, 51, 52, 53)]
+    serial = []
+    for points in inputs:
+        scores = mlp_module.Scores.allocate(points.size)
+        model(points, out=scores)
+        serial.append(scores.block("scores").clone())
+    failures: list[str] = []
+
+    def worker(index: int) -> None:
+        for _ in range(50):
+            points = inputs[index % 4]
+            scores = mlp_module.Scores.allocate(points.size)
+            model(points, out=scores)
+            if not torch.equal(scores.block("scores"), serial[index % 4]):
+                failures.append(f"thread {index}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+def test_binding_lookup(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    assert mlp_module.Mlp.binding("scores").direction == "output"
+    with pytest.raises(KeyError, match="bindings are points, scores"):
+        mlp_module.Mlp.binding("nope")
+
+
+def test_load_missing_file_is_clear(mlp_module, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises((FileNotFoundError, ValueError), match="missing.pt2"):
+        mlp_module.Mlp.load(tmp_path / "missing.pt2")
+
+
+def test_contiguous_inputs_are_row_major_copies(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    seen: list[torch.Tensor] = []
+
+    class Spy(nn.Module):
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            seen.append(points)
+            return points[:, :2] * 2
+
+    points, scores = _points(mlp_module, 40), mlp_module.Scores.allocate(40)
+    mlp_module.Mlp(Spy(), contiguous=["points"])(points, out=scores)
+    assert seen[0].is_contiguous() and seen[0].data_ptr() != points.buffer.data_ptr()
+    torch.testing.assert_close(scores.a, points.x * 2)
+    with pytest.raises(BindingError, match="contiguous: Mlp has no input 'scores'"):
+        mlp_module.Mlp(Spy(), contiguous=["scores"])
