@@ -10,28 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from timing import markdown_row, samples
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _times(function: object, repeats: int) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()  # type: ignore[operator]
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
-def _row(name: str, samples: list[float]) -> str:
-    median = statistics.median(samples) * 1e3
-    return f"| {name} | {median:.1f} | {min(samples) * 1e3:.1f} - {max(samples) * 1e3:.1f} |"
 
 
 def main() -> int:
@@ -50,14 +36,16 @@ def main() -> int:
     out = tempfile.mkdtemp(prefix="soagen-bench-")
     command = [sys.executable, "-m", "soagen", args.schema, "-o", out]
     rows = [
-        _row("load + check (in process)", _times(lambda: load(args.schema).unwrap(), repeats)),
-        _row(
-            "load + check + generate (in process)",
-            _times(lambda: generate(load(args.schema).unwrap()), repeats),
+        markdown_row(
+            "load + check (in process)", samples(lambda: load(args.schema).unwrap(), repeats)
         ),
-        _row(
+        markdown_row(
+            "load + check + generate (in process)",
+            samples(lambda: generate(load(args.schema).unwrap()), repeats),
+        ),
+        markdown_row(
             "`soagen SCHEMA` command (new process)",
-            _times(lambda: subprocess.run(command, check=True, capture_output=True), repeats),
+            samples(lambda: subprocess.run(command, check=True, capture_output=True), repeats),
         ),
     ]
     trace = subprocess.run(

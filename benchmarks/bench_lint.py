@@ -15,8 +15,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timing import markdown_row, samples
 
 REPO = Path(__file__).resolve().parent.parent
 BUDGET_S = 1.0
@@ -70,20 +71,6 @@ def schema(index: int) -> str:
     return "\n".join(lines)
 
 
-def _times(function: object, repeats: int) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()  # type: ignore[operator]
-        samples.append(time.perf_counter() - start)
-    return samples
-
-
-def _row(name: str, samples: list[float]) -> str:
-    median = statistics.median(samples) * 1e3
-    return f"| {name} | {median:.1f} | {min(samples) * 1e3:.1f} - {max(samples) * 1e3:.1f} |"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,12 +95,14 @@ def main() -> int:
         print("generated schemas have errors:", report.diagnostics[:3], file=sys.stderr)
         return 1
     command = [sys.executable, "-m", "soagen", "lint", str(folder)]
-    command_samples = _times(
+    command_samples = samples(
         lambda: subprocess.run(command, check=True, capture_output=True), repeats
     )
     rows = [
-        _row(f"lint {args.files} files (in process)", _times(lambda: lint(paths), repeats)),
-        _row(f"`soagen lint` over {args.files} files (new process)", command_samples),
+        markdown_row(
+            f"lint {args.files} files (in process)", samples(lambda: lint(paths), repeats)
+        ),
+        markdown_row(f"`soagen lint` over {args.files} files (new process)", command_samples),
     ]
     print(f"{args.files} schemas, {lines} lines, {len(report.diagnostics)} findings\n")
     print("| what | median ms | min - max ms |\n|---|---|---|")
