@@ -173,22 +173,23 @@ class ModelBinding:
             _check_index_range(cls, index_name, views, bound_name, sources[bound_name].size)
         versions = [view._version for view in views]
         runner = self._backend.on(device)
-        with torch.inference_mode():
+        arguments = views
+        if self.contiguous:
             arguments = [
                 view.contiguous() if spec.name in self.contiguous else view
                 for spec, view in zip(cls.INPUTS, views, strict=True)
             ]
-            results = _as_outputs(cls, runner(arguments))
-        for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
-            if view._version != version and not self.protect_inputs:
-                raise InputModifiedError(
-                    f"{cls.NAME} wrote into its input {spec.name!r} "
-                    f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that collection "
-                    f"now holds modified data. Fix the model, or create the binding with "
-                    f"protect_inputs=True to run it on copies"
-                )
-        _check_outputs(cls, results, targets)
         with torch.inference_mode():
+            results = _as_outputs(cls, runner(arguments))
+            for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
+                if view._version != version and not self.protect_inputs:
+                    raise InputModifiedError(
+                        f"{cls.NAME} wrote into its input {spec.name!r} "
+                        f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that "
+                        f"collection now holds modified data. Fix the model, or create the "
+                        f"binding with protect_inputs=True to run it on copies"
+                    )
+            _check_outputs(cls, results, targets)
             for target, result in zip(targets, results, strict=True):
                 target.copy_(result)
 
@@ -200,7 +201,7 @@ def _check_names(
     role: str,
 ) -> None:
     expected = [spec.name for spec in specs]
-    if sorted(given) != sorted(expected):
+    if len(given) != len(expected) or any(name not in given for name in expected):
         raise BindingError(
             f"{cls.NAME} has {role}s {', '.join(expected)}; got {', '.join(given) or 'none'}"
         )
