@@ -386,3 +386,15 @@ def test_from_columns_refuses_numpy_for_bfloat16(
         cls.from_columns(w=np.zeros(3, np.uint16), h=np.zeros(3, np.float16))
     made = cls.from_columns(w=torch.ones(3, dtype=torch.bfloat16), h=np.ones(3, np.float16))
     assert made.w.tolist() == [1.0] * 3
+
+
+def test_views_first_made_in_inference_mode_stay_writable() -> None:
+    """The typed base views are cached: the first one made must not be an inference-mode view."""
+    from generated.gnn import Nodes
+
+    nodes = Nodes.allocate(10)
+    with torch.inference_mode():
+        assert float(nodes.x.sum()) == float(nodes.x.sum())  # first views made in here
+    nodes.x.fill_(2.0)  # raised "Inplace update to inference tensor outside InferenceMode"
+    nodes.block("node_features").add_(1.0)
+    assert float(nodes.x[0]) == 3.0

@@ -86,9 +86,14 @@ class _Memory:
         """The buffer seen as `dtype` and that view's storage offset, made once per buffer."""
         found = self.typed.get(dtype)
         if found is None:
+            import torch
+
             from soagen.runtime.buffers import typed_view
 
-            typed = typed_view(self.buffer, dtype)
+            # Made outside inference mode even when first asked inside it: every later view derives
+            # from this one, and views of an inference-mode view refuse writes outside that mode.
+            with torch.inference_mode(False):
+                typed = typed_view(self.buffer, dtype)
             found = (typed, int(typed.storage_offset()))
             self.typed[dtype] = found
         return found
