@@ -140,6 +140,9 @@ class ModelBinding:
                 )
         if device.type == "cpu":
             ensure_cpu_settings()
+        if stream is None and batch_size is None:
+            self._run_once(inputs, outputs, device)  # the common call, without a context manager
+            return
         with _on_stream(stream, device):
             if batch_size is None:
                 self._run_once(inputs, outputs, device)
