@@ -464,6 +464,46 @@ def test_load_refuses_another_torch_or_soagen(
         gnn.EdgeClassifier.load(same)
 
 
+@pytest.mark.parametrize(
+    "entry, value, message",
+    [
+        ("AOTI_MACHINE", "aarch64", "compiled for aarch64 CPUs"),
+        ("AOTI_CPU_ISA", "AVX1024 FUTURE", None),  # unknown extensions: nothing to compare
+    ],
+)
+def test_load_checks_the_cpu_the_package_was_built_for(
+    gnn: ModuleType,
+    gnn_package: Path,
+    tmp_path: Path,
+    entry: str,
+    value: str,
+    message: str | None,
+) -> None:
+    def change(entries: dict[str, str]) -> None:
+        entries[entry] = value
+
+    package = _rewrite_metadata(gnn_package, tmp_path / "machine.pt2", change)
+    if message is None:
+        gnn.EdgeClassifier.load(package)
+        return
+    with pytest.raises(ModelLoadError, match=message):
+        gnn.EdgeClassifier.load(package)
+
+
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() == "AVX512", reason="this CPU runs everything"
+)
+def test_load_refuses_a_package_for_wider_vectors(
+    gnn: ModuleType, gnn_package: Path, tmp_path: Path
+) -> None:
+    def change(entries: dict[str, str]) -> None:
+        entries["AOTI_CPU_ISA"] = "AVX512"
+
+    package = _rewrite_metadata(gnn_package, tmp_path / "avx512.pt2", change)
+    with pytest.raises(ModelLoadError, match="compiled for CPUs with AVX512"):
+        gnn.EdgeClassifier.load(package)
+
+
 def test_package_for_another_device_refuses_to_run_here(
     gnn: ModuleType, gnn_package: Path, tmp_path: Path
 ) -> None:

@@ -92,6 +92,7 @@ def read_metadata(path: Path) -> dict[str, typing.Any]:
         entries = loader.load_metadata_from_package(str(path), PACKAGE_MODEL)
     except Exception as error:  # the loader raises RuntimeError or c10::Error subclasses
         raise ModelLoadError(f"{path} is not a readable AOTInductor package: {error}") from None
+    check_machine(path, entries)
     text = entries.get(METADATA_KEY)
     if text is None:
         raise ModelLoadError(
@@ -119,6 +120,36 @@ def _release(version: str) -> str:
 
 def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split(".")[:2])
+
+
+# CPU vector extensions in increasing order, as torch names them (`get_cpu_capability`).
+_CPU_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+
+
+def check_machine(path: Path, entries: Mapping[str, str]) -> None:
+    """A CPU package holds machine code built with `-march=native`: refuse another architecture,
+    and a CPU without the vector extensions it was built for (it would die on an illegal
+    instruction instead of raising)."""
+    import platform
+
+    import torch
+
+    built_machine = entries.get("AOTI_MACHINE")
+    if built_machine and built_machine != platform.machine():
+        raise ModelLoadError(
+            f"{path} was compiled for {built_machine} CPUs; this one is {platform.machine()}. "
+            f"Build the package on the machine family that runs it"
+        )
+    if entries.get("AOTI_DEVICE_KEY", "cpu") != "cpu":
+        return
+    built_isa = (entries.get("AOTI_CPU_ISA") or "").split()
+    here = torch.backends.cpu.get_cpu_capability()
+    if built_isa and built_isa[0] in _CPU_LEVELS and here in _CPU_LEVELS:
+        if _CPU_LEVELS.index(built_isa[0]) > _CPU_LEVELS.index(here):
+            raise ModelLoadError(
+                f"{path} was compiled for CPUs with {' '.join(built_isa)}; this CPU offers {here}. "
+                f"Build the package on the machine family that runs it"
+            )
 
 
 def check_versions(path: Path, metadata: Mapping[str, typing.Any]) -> None:
