@@ -1,40 +1,57 @@
 """soagen against what users do today: one model, one set of collections, every path in one process.
 
-Paths, each checked against the reference output before it is timed:
+Paths, each checked against the reference output (`torch.testing.assert_close`) before it is timed:
 - `soagen <backend>`: bind zero-copy views, run, write the outputs back (eager, torchscript, compile,
-  aot; `soagen eager contiguous` hands the gathered GNN input over as a contiguous copy);
-- `ideal`: the model alone on pre-made contiguous tensors (no gather, no write-back);
-- `naive torch.stack`, `naive np.stack`: gather the columns into new tensors, run, copy the result
-  back into the output columns (what a conversion layer does);
+  aot; `soagen eager contiguous` hands the GNN's gathered input over as one contiguous copy). GNN
+  bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages do;
+- `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
+- `naive torch.stack`, `naive np.stack`: gather the columns into new tensors (`torch.stack`, or
+  `np.stack` + `torch.from_numpy`), `.to(device)`, run, copy the result back into the output columns;
 - `ort copies`: the model exported to ONNX, run by ONNX Runtime with the copies its `run` API needs;
-- `ort io-binding` (MLP): ONNX Runtime reading the SoA block in place as a dense [c, pitch] array and
-  writing straight into the output columns (the model takes [c, n]; it also computes the padding).
-Plus the binding layer alone (`overhead` rows: a null model returning a precomputed result, so the
-time is building views, checks and the write-back) against the naive gather with the same null model.
+- `ort io-binding`: ONNX Runtime reading each SoA block in place as a dense [c, pitch] array and
+  writing straight into the output columns (the exported model takes [c, n] and also computes the
+  padding rows; the GNN's int64 index padding is zero, a valid node).
 
-Repeats are interleaved (every path once per round), so machine noise hits all paths alike; the
-table shows medians, the JSON keeps min/median/max. One intra-op thread and soagen's malloc tuning
-apply to every path, as they would in a reconstruction job.
+Besides the end-to-end table: the binding layer alone (a null model that returns a precomputed result,
+with a 2-element output so the write-back is nothing; the write-back at n is its own row) against the
+naive gathers; the per-call cost at n = 2 for every backend against its bare runner; each path's peak
+memory during one call (a subprocess per model, with malloc returning freed memory so the peak shows);
+generation latency and the generated module's import time; on CUDA, the same paths plus a profiler
+count of host<->device copies inside soagen calls (the goal is zero).
 
-    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), results in benchmarks/results
+Repeats are interleaved (every path once per round, the starting path rotating), so machine noise
+hits all paths alike; each sample runs enough calls to last `--min-sample-ms`; warm-ups run until a
+call no longer page-faults (so a path is not timed while the heap is still growing). The table shows
+medians; the JSON keeps min/median/max and page faults per call. One intra-op thread and soagen's
+malloc tuning apply to every path, in this process, as in a reconstruction job
+(`--no-malloc-tuning` to compare).
+
+    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), ~12 min on 2 cores
     python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats, no compiling
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import hashlib
 import importlib
 import json
+import math
+import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,25 +59,57 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.models import ColumnsFirst, build_mlp  # noqa: E402
+from benchmarks.models import ColumnsFirst, GnnColumnsFirst, build_mlp  # noqa: E402
+from examples.gnn_model import INDEX_BOUNDS  # noqa: E402
 from examples.gnn_model import build_model as build_gnn  # noqa: E402
 from soagen.dsl.loader import load  # noqa: E402
 from soagen.generator.python import generate  # noqa: E402
 from soagen.runtime import set_cpu_threads, set_malloc_tuning  # noqa: E402
 
-Path_ = Callable[[], torch.Tensor]  # runs one path, returns its output for the check
+MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
+GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
+MLP_FACTORY = f"{REPO / 'benchmarks' / 'models.py'}:build_mlp"
+GNN_FACTORY = f"{REPO / 'examples' / 'gnn_model.py'}:build_model"
+BACKENDS = ("eager", "torchscript", "compile", "aot")
+RTOL, ATOL = 1e-4, 1e-5
+
+Run = Callable[[], torch.Tensor]  # one call of a path; returns its output for the check
+Stats = dict[str, Any]
 
 
 @dataclass
 class Case:
-    """One model at one size: its paths and the reference output."""
+    """One model at one size on one device: its paths and the reference output."""
 
     model: str
     n: int
+    device: str
     reference: torch.Tensor
-    paths: dict[str, Path_] = field(default_factory=dict)
-    # Paths whose output is not the model's: what each must equal instead.
-    checked_against: dict[str, torch.Tensor] = field(default_factory=dict)
+    paths: dict[str, Run] = field(default_factory=dict)
+    # Null-model pieces for the binding-overhead table: name -> action (output ignored).
+    overhead: dict[str, Callable[[], object]] = field(default_factory=dict)
+    # soagen calls, for the CUDA profiler's copy count.
+    soagen_calls: dict[str, Callable[[], object]] = field(default_factory=dict)
+    # The soagen model object behind each soagen path, and the collections by layout name.
+    models: dict[str, Any] = field(default_factory=dict)
+    collections: dict[str, Any] = field(default_factory=dict)
+    binding: type | None = None
+    data_bytes: int = 0
+
+
+@dataclass
+class Tools:
+    """What every case of a run shares: generated modules, networks, packages, ONNX sessions."""
+
+    modules: dict[str, ModuleType]
+    nets: dict[str, torch.nn.Module]
+    backends: list[str]
+    packages: dict[str, Path] = field(default_factory=dict)
+    sessions: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# --- setup ---------------------------------------------------------------------------------------
 
 
 def generated_module(schema: Path, workdir: Path, package: str) -> ModuleType:
@@ -70,32 +119,56 @@ def generated_module(schema: Path, workdir: Path, package: str) -> ModuleType:
     (target / "__init__.py").write_text("")
     for name, text in generate(load(schema).unwrap()).items():
         (target / f"{name}.py").write_text(text)
-    sys.path.insert(0, str(workdir))
+    if str(workdir) not in sys.path:
+        sys.path.insert(0, str(workdir))
     return importlib.import_module(f"{package}.{schema.stem}")
 
 
-def aot_package(schema: Path, model: str, factory: str, cache: Path) -> Path:
-    """A `soagen compile` package, built once per schema, factory and torch version."""
+def has_aot_compiler() -> bool:
+    try:
+        importlib.import_module("soagen.compile")
+    except ImportError:
+        return False
+    return True
+
+
+def aot_package(schema: Path, model: str, factory: str, cache: Path, device: str) -> Path:
+    """A `soagen compile` package, built once per schema, model file, device and torch version."""
     from soagen.compile import compile_model
 
+    factory_file = Path(factory.rsplit(":", 1)[0])
     key = hashlib.sha256(
-        (schema.read_text() + factory + torch.__version__ + platform.machine()).encode()
+        "\0".join(
+            (
+                schema.read_text(),
+                factory_file.read_text(),
+                factory,
+                device,
+                torch.__version__,
+                platform.machine(),
+            )
+        ).encode()
     ).hexdigest()[:12]
-    path = cache / f"{model}-{key}.pt2"
+    path = cache / f"{model}-{device}-{key}.pt2"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        print(f"compiling {model} ahead of time (once) ...", file=sys.stderr, flush=True)
-        compile_model(schema, model, factory, output=path)
+        log(f"compiling {model} for {device} ahead of time (once, cached in {cache}) ...")
+        compile_model(schema, model, factory, output=path, device=device)
     return path
 
 
 def onnx_session(
-    net: torch.nn.Module, example: tuple[torch.Tensor, ...], dynamic: object
-) -> object:
-    """An ONNX Runtime session (one thread: more gave wrong GNN results, see RESULTS.md)."""
+    net: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    dynamic: tuple[dict[int, Any], ...],
+    arena: bool = True,
+) -> Any:
+    """An ONNX Runtime session on one thread: with two, the GNN's results were wrong and varied."""
     import onnxruntime
 
-    program = torch.onnx.export(net, example, dynamo=True, dynamic_shapes=dynamic, verbose=False)
+    program = torch.onnx.export(
+        net.eval(), example, dynamo=True, dynamic_shapes=dynamic, verbose=False
+    )
     assert program is not None
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
@@ -103,7 +176,29 @@ def onnx_session(
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = arena
         return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_sessions(nets: dict[str, torch.nn.Module], arena: bool = True) -> dict[str, Any]:
+    dim = torch.export.Dim
+    rows = dim("rows", min=2)
+    nodes, edges = dim("nodes", min=2), dim("edges", min=2)
+    pitch_nodes, pitch_index, pitch_edges = dim("pn", min=2), dim("pi", min=2), dim("pf", min=2)
+    mlp, gnn = nets["mlp"], nets["gnn"]
+    gnn_example = (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2))
+    gnn_columns = (torch.randn(4, 32), torch.randint(0, 16, (2, 48)), torch.rand(2, 64))
+    return {
+        "mlp": onnx_session(mlp, (torch.randn(64, 4),), ({0: rows},), arena),
+        "mlp columns": onnx_session(ColumnsFirst(mlp), (torch.randn(4, 64),), ({1: rows},), arena),
+        "gnn": onnx_session(gnn, gnn_example, ({0: nodes}, {1: edges}, {0: edges}), arena),
+        "gnn columns": onnx_session(
+            GnnColumnsFirst(gnn),
+            gnn_columns,
+            ({1: pitch_nodes}, {1: pitch_index}, {1: pitch_edges}),
+            arena,
+        ),
+    }
 
 
 class NullModel(torch.nn.Module):
@@ -117,115 +212,147 @@ class NullModel(torch.nn.Module):
         return self.result
 
 
-# --- the MLP ------------------------------------------------------------------------------------
+def soagen_model(
+    binding: type,
+    net: torch.nn.Module,
+    backend: str,
+    package: Path | None,
+    contiguous: tuple[str, ...] = (),
+    index_bounds: dict[str, str] | None = None,
+) -> Any:
+    if backend == "aot":
+        assert package is not None
+        return binding.load(package, contiguous=contiguous)  # bounds come with the package
+    model = torch.jit.script(net) if backend == "torchscript" else net
+    return binding(model, backend=backend, contiguous=contiguous, index_bounds=index_bounds)
 
 
-def mlp_case(n: int, module: ModuleType, backends: list[str], tools: dict[str, object]) -> Case:
-    hits, scores = module.Hits.allocate(n), module.HitScores.allocate(n)
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- the paths, per model ------------------------------------------------------------------------
+
+
+def bind_ort(session: Any, arrays: Sequence[tuple[torch.Tensor, int, Any]], output: Any) -> Any:
+    """An IO binding reading each SoA block in place: (first column, columns, dtype) per input.
+
+    A block of c adjacent columns of pitch P bytes is a dense [c, P / itemsize] array, padding
+    included; the output is bound likewise, straight into the output collection's columns.
+    """
+    binding = session.io_binding()
+    for entry, (block, columns, dtype) in zip(session.get_inputs(), arrays, strict=True):
+        pitch = block.stride(1) if block.stride(0) == 1 else block.stride(0)
+        binding.bind_input(entry.name, "cpu", 0, dtype, (columns, pitch), block.data_ptr())
+    (entry,) = session.get_outputs()
+    block, shape, dtype = output
+    binding.bind_output(entry.name, "cpu", 0, dtype, shape, block.data_ptr())
+    return binding
+
+
+def mlp_case(n: int, device: str, tools: Tools) -> Case:
+    module = tools.modules["mlp"]
+    hits = module.Hits.allocate(n, device=device, zero=True)
+    scores = module.HitScores.allocate(n, device=device, zero=True)
     generator = torch.Generator().manual_seed(n)
     for column in ("x", "y", "z", "energy"):
         hits.member(column).copy_(torch.randn(n, generator=generator))
-    net = tools["mlp"]
-    assert isinstance(net, torch.nn.Module)
-    contiguous = hits.block("features").contiguous()
+    net = tools.nets["mlp"].to(device)
+    premade = hits.block("features").contiguous()
     with torch.inference_mode():
-        reference = net(contiguous)
-    case = Case("mlp", n, reference)
+        reference = net(premade)
+    case = Case("mlp", n, device, reference, data_bytes=hits.nbytes + scores.nbytes)
     columns = [hits.x, hits.y, hits.z, hits.energy]
-    arrays = [column.numpy() for column in columns]
     out_columns = [scores.signal, scores.noise]
-    out_arrays = [column.numpy() for column in out_columns]
+    # The host side of the NumPy path: the columns themselves on CPU, a host copy on a GPU.
+    host_hits = module.Hits.allocate(n) if device != "cpu" else hits
+    host_scores = module.HitScores.allocate(n, zero=True) if device != "cpu" else scores
+    if device != "cpu":
+        host_hits.buffer.copy_(hits.buffer)
+    arrays = [host_hits.numpy(name) for name in ("x", "y", "z", "energy")]
+    host_out = [host_scores.numpy("signal"), host_scores.numpy("noise")]
 
     def written() -> torch.Tensor:
         return torch.stack(out_columns, dim=1)
 
     def ideal() -> torch.Tensor:
         with torch.inference_mode():
-            result: torch.Tensor = net(contiguous)
+            result: torch.Tensor = net(premade)
         return result
 
-    def write_back(result: torch.Tensor) -> torch.Tensor:
+    def write_back(result: torch.Tensor) -> None:
         for index, column in enumerate(out_columns):
             column.copy_(result[:, index])
-        return written()
 
     def naive_torch() -> torch.Tensor:
         with torch.inference_mode():
-            return write_back(net(torch.stack(columns, dim=1)))
+            write_back(net(torch.stack(columns, dim=1).to(device)))
+        return written()
 
     def naive_numpy() -> torch.Tensor:
         with torch.inference_mode():
-            return write_back(net(torch.from_numpy(np.stack(arrays, axis=1))))
+            result = net(torch.from_numpy(np.stack(arrays, axis=1)).to(device)).cpu().numpy()
+        for index, array in enumerate(host_out):
+            array[:] = result[:, index]
+        return torch.from_numpy(np.stack(host_out, axis=1))
 
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
-    for backend in backends:
-        model = soagen_model(module.HitMlp, net, backend, tools.get("mlp.pt2"))
+    for backend in tools.backends:
+        model = soagen_model(module.HitMlp, net, backend, tools.packages.get(f"mlp {device}"))
 
-        def call(model: object = model) -> torch.Tensor:
-            model(hits, out=scores)  # type: ignore[operator]
+        def call(model: Any = model) -> torch.Tensor:
+            model(hits, out=scores)
             return written()
 
         case.paths[f"soagen {backend}"] = call
-    session = tools.get("mlp.onnx")
-    if session is not None:
+        case.soagen_calls[f"soagen {backend}"] = call
+        case.models[f"soagen {backend}"] = model
+    case.binding, case.collections = module.HitMlp, {"Hits": hits, "HitScores": scores}
+    if device == "cpu" and "mlp" in tools.sessions:
+        session, session_columns = tools.sessions["mlp"], tools.sessions["mlp columns"]
 
         def ort_copies() -> torch.Tensor:
-            (result,) = session.run(None, {"features": np.stack(arrays, axis=1)})  # type: ignore[attr-defined]
-            for index, array in enumerate(out_arrays):
+            (result,) = session.run(None, {"features": np.stack(arrays, axis=1)})
+            for index, array in enumerate(host_out):
                 array[:] = result[:, index]
             return written()
 
-        case.paths["ort copies"] = ort_copies
-    session_t = tools.get("mlp_t.onnx")
-    if session_t is not None:
-        binding = session_t.io_binding()  # type: ignore[attr-defined]
-        view_in, view_out = hits.block("features"), scores.block("scores")
-        # [n, c] views with strides (1, P): the same bytes are a dense [c, P] array.
-        pitch_in, pitch_out = view_in.stride(1), view_out.stride(1)
-        (input_name,) = [entry.name for entry in session_t.get_inputs()]  # type: ignore[attr-defined]
-        (output_name,) = [entry.name for entry in session_t.get_outputs()]  # type: ignore[attr-defined]
-        binding.bind_input(input_name, "cpu", 0, np.float32, (4, pitch_in), view_in.data_ptr())
-        binding.bind_output(output_name, "cpu", 0, np.float32, (2, pitch_out), view_out.data_ptr())
+        view_out = scores.block("scores")
+        binding = bind_ort(
+            session_columns,
+            [(hits.block("features"), 4, np.float32)],
+            (view_out, (2, view_out.stride(1)), np.float32),
+        )
 
         def ort_io_binding() -> torch.Tensor:
-            session_t.run_with_iobinding(binding)  # type: ignore[attr-defined]
+            session_columns.run_with_iobinding(binding)
             return written()
 
-        case.paths["ort io-binding"] = ort_io_binding
+        case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+
+    # The binding layer alone: a null model, and a 2-element output so the write-back is nothing.
     null_result = reference.clone()
-    null = module.HitMlp(NullModel(null_result))
-
-    def overhead_soagen() -> torch.Tensor:
-        null(hits, out=scores)
-        return written()
-
-    def overhead_naive() -> torch.Tensor:
-        torch.stack(columns, dim=1)
-        return write_back(null_result)
-
-    def bind_soagen() -> torch.Tensor:
-        return hits.block("features")
-
-    def bind_naive() -> torch.Tensor:
-        return torch.stack(columns, dim=1)
-
-    case.paths |= {
-        "overhead soagen": overhead_soagen,
-        "overhead naive": overhead_naive,
-        "bind soagen": bind_soagen,
-        "bind naive": bind_naive,
+    null = module.HitMlp(NullModel(null_result[:2].clone()))
+    tiny_out = module.HitScores.allocate(2, device=device)
+    score_block = scores.block("scores")
+    case.overhead = {
+        "soagen input views": lambda: hits.block("features"),
+        "soagen call, null model": lambda: null(hits, out=tiny_out),
+        "soagen write-back": lambda: score_block.copy_(null_result),
+        "naive torch.stack gather": lambda: torch.stack(columns, dim=1).to(device),
+        "naive np.stack gather": lambda: torch.from_numpy(np.stack(arrays, axis=1)).to(device),
+        "naive write-back": lambda: write_back(null_result),
     }
-    case.checked_against = {"bind soagen": contiguous, "bind naive": contiguous}
     return case
 
 
-# --- the GNN ------------------------------------------------------------------------------------
-
-
-def gnn_case(n: int, module: ModuleType, backends: list[str], tools: dict[str, object]) -> Case:
+def gnn_case(n: int, device: str, tools: Tools) -> Case:
+    module = tools.modules["gnn"]
     n_nodes = max(2, n // 10)
-    nodes, edges = module.Nodes.allocate(n_nodes), module.Edges.allocate(n)
-    scores = module.EdgeScores.allocate(n)
+    # Zeroed buffers: the padding rows of src/dst are then node 0, valid for ORT's in-place path.
+    nodes = module.Nodes.allocate(n_nodes, device=device, zero=True)
+    edges = module.Edges.allocate(n, device=device, zero=True)
+    scores = module.EdgeScores.allocate(n, device=device, zero=True)
     generator = torch.Generator().manual_seed(n)
     for column in ("x", "y", "z", "energy"):
         nodes.member(column).copy_(torch.randn(n_nodes, generator=generator))
@@ -233,8 +360,7 @@ def gnn_case(n: int, module: ModuleType, backends: list[str], tools: dict[str, o
     edges.dst.copy_(torch.randint(0, n_nodes, (n,), generator=generator))
     edges.delta_r.copy_(torch.rand(n, generator=generator))
     edges.delta_eta.copy_(torch.randn(n, generator=generator))
-    net = tools["gnn"]
-    assert isinstance(net, torch.nn.Module)
+    net = tools.nets["gnn"].to(device)
     node_columns = [nodes.x, nodes.y, nodes.z, nodes.energy]
     index_columns = [edges.src, edges.dst]
     edge_columns = [edges.delta_r, edges.delta_eta]
@@ -245,285 +371,817 @@ def gnn_case(n: int, module: ModuleType, backends: list[str], tools: dict[str, o
     )
     with torch.inference_mode():
         reference = net(*premade)
-    case = Case("gnn", n, reference)
+    data_bytes = nodes.nbytes + edges.nbytes + scores.nbytes
+    case = Case("gnn", n, device, reference, data_bytes=data_bytes)
+    host_nodes, host_edges = nodes, edges
+    host_scores = scores
+    if device != "cpu":
+        host_nodes, host_edges = module.Nodes.allocate(n_nodes), module.Edges.allocate(n)
+        host_scores = module.EdgeScores.allocate(n, zero=True)
+        host_nodes.buffer.copy_(nodes.buffer)
+        host_edges.buffer.copy_(edges.buffer)
+    node_arrays = [host_nodes.numpy(name) for name in ("x", "y", "z", "energy")]
+    index_arrays = [host_edges.numpy("src"), host_edges.numpy("dst")]
+    edge_arrays = [host_edges.numpy("delta_r"), host_edges.numpy("delta_eta")]
+    host_score = host_scores.numpy("score")
 
     def ideal() -> torch.Tensor:
         with torch.inference_mode():
             result: torch.Tensor = net(*premade)
         return result
 
+    def gather_torch() -> tuple[torch.Tensor, ...]:
+        return (
+            torch.stack(node_columns, dim=1).to(device),
+            torch.stack(index_columns).to(device),
+            torch.stack(edge_columns, dim=1).to(device),
+        )
+
+    def gather_numpy() -> tuple[torch.Tensor, ...]:
+        return (
+            torch.from_numpy(np.stack(node_arrays, axis=1)).to(device),
+            torch.from_numpy(np.stack(index_arrays)).to(device),
+            torch.from_numpy(np.stack(edge_arrays, axis=1)).to(device),
+        )
+
     def naive_torch() -> torch.Tensor:
         with torch.inference_mode():
-            result = net(
-                torch.stack(node_columns, dim=1),
-                torch.stack(index_columns),
-                torch.stack(edge_columns, dim=1),
-            )
-            scores.score.copy_(result)
+            scores.score.copy_(net(*gather_torch()))
         return scores.score
 
     def naive_numpy() -> torch.Tensor:
         with torch.inference_mode():
-            result = net(
-                torch.from_numpy(np.stack([c.numpy() for c in node_columns], axis=1)),
-                torch.from_numpy(np.stack([c.numpy() for c in index_columns])),
-                torch.from_numpy(np.stack([c.numpy() for c in edge_columns], axis=1)),
-            )
-            scores.score.copy_(result)
-        return scores.score
+            host_score[:] = net(*gather_numpy()).cpu().numpy()
+        return host_scores.score
 
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
-    variants = [(backend, ()) for backend in backends]
-    if "eager" in backends:
+    variants = [(backend, ()) for backend in tools.backends]
+    if "eager" in tools.backends:
+        # Row gathers over column-major node features, and torch.cat over column-major edge
+        # features, are slower than on row-major copies: the trade of one copy per call.
         variants.append(("eager", ("node_features",)))
+        variants.append(("eager", ("node_features", "edge_features")))
     for backend, contiguous in variants:
-        model = soagen_model(module.EdgeClassifier, net, backend, tools.get("gnn.pt2"), contiguous)
+        model = soagen_model(
+            module.EdgeClassifier,
+            net,
+            backend,
+            tools.packages.get(f"gnn {device}"),
+            contiguous,
+            index_bounds=INDEX_BOUNDS,
+        )
 
-        def call(model: object = model) -> torch.Tensor:
-            model(nodes, edges, out=scores)  # type: ignore[operator]
+        def call(model: Any = model) -> torch.Tensor:
+            model(nodes, edges, out=scores)
             return scores.score
 
-        case.paths[f"soagen {backend}" + (" contiguous" if contiguous else "")] = call
-    session = tools.get("gnn.onnx")
-    if session is not None:
+        name = f"soagen {backend}" + "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
+        case.paths[name] = call
+        case.soagen_calls[name] = call
+        case.models[name] = model
+    case.binding = module.EdgeClassifier
+    case.collections = {"Nodes": nodes, "Edges": edges, "EdgeScores": scores}
+    if device == "cpu" and "gnn" in tools.sessions:
+        session, session_columns = tools.sessions["gnn"], tools.sessions["gnn columns"]
 
         def ort_copies() -> torch.Tensor:
-            (result,) = session.run(  # type: ignore[attr-defined]
+            (result,) = session.run(
                 None,
                 {
-                    "node_features": np.stack([c.numpy() for c in node_columns], axis=1),
-                    "edge_index": np.stack([c.numpy() for c in index_columns]),
-                    "edge_features": np.stack([c.numpy() for c in edge_columns], axis=1),
+                    "node_features": np.stack(node_arrays, axis=1),
+                    "edge_index": np.stack(index_arrays),
+                    "edge_features": np.stack(edge_arrays, axis=1),
                 },
             )
-            scores.score.numpy()[:] = result
+            host_score[:] = result
             return scores.score
 
-        case.paths["ort copies"] = ort_copies
+        index_block = edges.block("edge_index")
+        binding = bind_ort(
+            session_columns,
+            [
+                (nodes.block("node_features"), 4, np.float32),
+                (index_block, 2, np.int64),
+                (edges.block("edge_features"), 2, np.float32),
+            ],
+            # One score per index row: the padding rows' scores land in the score column's padding.
+            (scores.block("edge_scores"), (index_block.stride(0),), np.float32),
+        )
+
+        def ort_io_binding() -> torch.Tensor:
+            session_columns.run_with_iobinding(binding)
+            return scores.score
+
+        case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+
     null_result = reference.clone()
-    null = module.EdgeClassifier(NullModel(null_result))
-
-    def overhead_soagen() -> torch.Tensor:
-        null(nodes, edges, out=scores)
-        return scores.score
-
-    def overhead_naive() -> torch.Tensor:
-        torch.stack(node_columns, dim=1), torch.stack(index_columns)
-        torch.stack(edge_columns, dim=1)
-        scores.score.copy_(null_result)
-        return scores.score
-
-    blocks = [
-        (nodes, "node_features"),
-        (edges, "edge_index"),
-        (edges, "edge_features"),
-    ]
-
-    def bind_soagen() -> torch.Tensor:
-        views = [collection.block(name) for collection, name in blocks]
-        return views[0]
-
-    def bind_naive() -> torch.Tensor:
-        premade = [
-            torch.stack(node_columns, dim=1),
-            torch.stack(index_columns),
-            torch.stack(edge_columns, dim=1),
-        ]
-        return premade[0]
-
-    case.paths |= {
-        "overhead soagen": overhead_soagen,
-        "overhead naive": overhead_naive,
-        "bind soagen": bind_soagen,
-        "bind naive": bind_naive,
+    null = module.EdgeClassifier(NullModel(null_result[:2].clone()))
+    null_checked = module.EdgeClassifier(
+        NullModel(null_result[:2].clone()), index_bounds=INDEX_BOUNDS
+    )
+    tiny_out = module.EdgeScores.allocate(2, device=device)
+    score_block = scores.block("edge_scores")
+    blocks = [(nodes, "node_features"), (edges, "edge_index"), (edges, "edge_features")]
+    case.overhead = {
+        "soagen input views": lambda: [c.block(name) for c, name in blocks],
+        "soagen call, null model": lambda: null(nodes, edges, out=tiny_out),
+        "soagen call, null model + index range check": lambda: null_checked(
+            nodes, edges, out=tiny_out
+        ),
+        "soagen write-back": lambda: score_block.copy_(null_result),
+        "naive torch.stack gather": gather_torch,
+        "naive np.stack gather": gather_numpy,
+        "naive write-back": lambda: scores.score.copy_(null_result),
     }
-    case.checked_against = {"bind soagen": premade[0], "bind naive": premade[0]}
     return case
 
 
-def soagen_model(
-    binding: type,
-    net: torch.nn.Module,
-    backend: str,
-    package: object,
-    contiguous: tuple[str, ...] = (),
-) -> object:
-    if backend == "aot":
-        return binding.load(package, contiguous=contiguous)
-    if backend == "torchscript":
-        return binding(torch.jit.script(net), contiguous=contiguous)
-    return binding(net, backend=backend, contiguous=contiguous)
+BUILDERS: dict[str, Callable[[int, str, Tools], Case]] = {"mlp": mlp_case, "gnn": gnn_case}
 
 
-# --- measuring ----------------------------------------------------------------------------------
+# --- measuring -----------------------------------------------------------------------------------
 
 
-def check_and_time(case: Case, repeats: int) -> dict[str, dict[str, float]]:
-    """Check every path's output, warm it up, then time all paths round-robin."""
-    for name, path in case.paths.items():
-        path()  # warm-up: placement, compilation, first-touch of memory
-        output = path()
-        try:
-            expected = case.checked_against.get(name, case.reference)
-            torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
-        except AssertionError as error:
-            raise SystemExit(f"{case.model} n={case.n}: path {name!r} is wrong: {error}") from None
-    samples: dict[str, list[float]] = {name: [] for name in case.paths}
-    for _ in range(repeats):
-        for name, path in case.paths.items():
-            start = time.perf_counter()
-            path()
-            samples[name].append(time.perf_counter() - start)
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def check(case: Case, name: str, output: torch.Tensor) -> None:
+    try:
+        torch.testing.assert_close(output.cpu(), case.reference.cpu(), rtol=RTOL, atol=ATOL)
+    except AssertionError as error:
+        raise SystemExit(f"{case.model} n={case.n}: path {name!r} is wrong: {error}") from None
+
+
+def warm_up(run: Callable[[], object], synchronize: Callable[[], None], limit: int = 6) -> float:
+    """Call until a call no longer page-faults (the heap has grown to what the path needs), at
+    least twice; returns the last call's seconds."""
+    taken = 0.0
+    for attempt in range(limit):
+        faults, start = minor_faults(), time.perf_counter()
+        run()
+        synchronize()
+        taken = time.perf_counter() - start
+        if attempt >= 1 and minor_faults() - faults < 64:
+            break
+    return taken
+
+
+def time_paths(
+    paths: dict[str, Callable[[], object]],
+    repeats: int,
+    min_sample_s: float,
+    synchronize: Callable[[], None],
+    verify: Callable[[str, Any], None] | None = None,
+) -> dict[str, Stats]:
+    """Warm up and check every path, then time them round-robin, the first path rotating."""
+    calls: dict[str, int] = {}
+    for name, run in paths.items():
+        taken = warm_up(run, synchronize)
+        if verify is not None:
+            verify(name, run())
+        calls[name] = max(1, min(10_000, math.ceil(min_sample_s / max(taken, 1e-7))))
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    faults: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            run, count = paths[name], calls[name]
+            before, start = minor_faults(), time.perf_counter()
+            for _ in range(count):
+                run()
+            synchronize()
+            samples[name].append((time.perf_counter() - start) / count)
+            faults[name].append((minor_faults() - before) / count)
     return {
         name: {
             "median_ms": statistics.median(taken) * 1e3,
             "min_ms": min(taken) * 1e3,
             "max_ms": max(taken) * 1e3,
+            "calls_per_sample": calls[name],
+            "samples": len(taken),
+            "page_faults_per_call": statistics.median(faults[name]),
+            "check": "passed" if verify is not None else "n/a",
         }
         for name, taken in samples.items()
     }
 
 
-def markdown(results: dict[str, dict[int, dict[str, dict[str, float]]]]) -> str:
+def synchronizer(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def count_copies(calls: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, int]:
+    """Host<->device memcpy events the CUDA profiler records during soagen calls (goal: zero)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = {}
+    for name, call in calls.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                call()
+            torch.cuda.synchronize()
+        counts[name] = sum(
+            1
+            for event in prof.events()
+            if "memcpy" in event.name.lower()
+            and ("htod" in event.name.lower() or "dtoh" in event.name.lower())
+        )
+    return counts
+
+
+# --- per-call cost at n = 2 ----------------------------------------------------------------------
+
+
+def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, dict[str, Stats]]:
+    """Every backend's soagen call at n = 2 against its bare runner on the same views: the
+    difference is the binding layer (views, checks, write-back) per call."""
+    found: dict[str, dict[str, Stats]] = {}
+    for model in ("mlp", "gnn"):
+        case = BUILDERS[model](2, "cpu", tools)
+        assert case.binding is not None
+        views = [
+            case.collections[spec.block.layout].block(spec.block) for spec in case.binding.INPUTS
+        ]
+        paths: dict[str, Callable[[], object]] = {"ideal (eager, contiguous)": case.paths["ideal"]}
+        for name, soagen in case.models.items():
+            if name.endswith("contiguous"):
+                continue
+            paths[name] = case.paths[name]
+            # The backend's own runner (private API, for this comparison only).
+            runner = soagen._backend.on(torch.device("cpu"))
+
+            def bare(runner: Any = runner, views: list[torch.Tensor] = views) -> object:
+                with torch.inference_mode():
+                    return runner(views)
+
+            paths[f"{name.removeprefix('soagen ')} runner alone"] = bare
+            if name == "soagen aot":
+                from torch._inductor import aoti_load_package
+
+                loader = aoti_load_package(str(tools.packages[f"{model} cpu"])).loader
+
+                def raw(loader: Any = loader, views: list[torch.Tensor] = views) -> object:
+                    with torch.inference_mode():
+                        return loader.run(views)
+
+                paths["aot loader.run alone"] = raw
+        paths["soagen call, null model"] = case.overhead["soagen call, null model"]
+        found[model] = time_paths(paths, repeats, min_sample_s, lambda: None)
+    return found
+
+
+# --- peak memory ---------------------------------------------------------------------------------
+
+
+def status_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise KeyError(field_name)
+
+
+def memory_probe(model: str, n: int, tools: Tools) -> dict[str, float]:
+    """Peak resident memory above the resident set before one call, per path, in MiB.
+
+    Runs in its own process: malloc is set to hand large freed blocks back at once (a fixed mmap
+    threshold), and ONNX Runtime to keep no arena, so every call starts from the same resident set
+    and its peak (VmHWM, reset through /proc/self/clear_refs) is what that call needed.
+    """
+    case = BUILDERS[model](n, "cpu", tools)
+    found = {}
+    for name, run in case.paths.items():
+        warm_up(run, lambda: None, limit=2)
+        gc.collect()
+        before = status_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+        run()
+        found[name] = (status_kib("VmHWM") - before) / 1024
+    found["data (collections)"] = case.data_bytes / 2**20
+    return found
+
+
+def memory_in_subprocess(
+    model: str, n: int, backends: list[str], packages: dict[str, Path], onnx: bool
+) -> dict[str, float] | str:
+    """`memory_probe` in a fresh process; a note instead if it could not run."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-probe",
+        f"{model}:{n}",
+        "--backends",
+        ",".join(backends),
+    ]
+    for key, path in packages.items():
+        command += ["--package", f"{key}={path}"]
+    if not onnx:
+        command.append("--no-onnx")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        return f"memory probe failed: {result.stderr.strip().splitlines()[-1:]}"
+    found: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+# --- generation and import -----------------------------------------------------------------------
+
+
+def generation_latency(workdir: Path, rounds: int) -> dict[str, dict[str, float]]:
+    """In-process `load` + `generate` per schema, and a fresh interpreter importing the result."""
+    found = {}
+    for package, schema in (("bench_mlp", MLP_SCHEMA), ("bench_gnn", GNN_SCHEMA)):
+        taken = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            generate(load(schema).unwrap())
+            taken.append(time.perf_counter() - start)
+        code = (
+            "import time; start = time.perf_counter(); "
+            f"import {package}.{schema.stem}; print(time.perf_counter() - start)"
+        )
+        imports = []
+        environment = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
+        for _ in range(max(3, rounds // 4)):
+            result = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=environment,
+            )
+            imports.append(float(result.stdout.strip()))
+        found[schema.name] = {
+            "generate_ms": statistics.median(taken) * 1e3,
+            "import_ms": statistics.median(imports) * 1e3,
+            "torch_imported": False,
+        }
+    return found
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:.3g}" if value < 1e4 else f"{value:.4g}"
+
+
+def size_label(n: int) -> str:
+    exponent = math.log10(n)
+    return f"1e{int(exponent)}" if exponent.is_integer() else f"{n:g}"
+
+
+def main_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
+    sizes = sorted(by_n)
+    lines = ["| path | " + " | ".join(f"n = {size_label(n)}" for n in sizes) + " |"]
+    lines.append("|---|" + "---:|" * len(sizes))
+    for path in by_n[sizes[0]]:
+        cells = []
+        for n in sizes:
+            entry = by_n[n].get(path)
+            if entry is None:
+                cells.append("")
+                continue
+            ratio = entry["median_ms"] / by_n[n]["ideal"]["median_ms"]
+            cells.append(f"{fmt_ms(entry['median_ms'])} ({ratio:.2f}x)")
+        lines.append(f"| {path} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def spread_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
+    sizes = sorted(by_n)
+    lines = ["| path | " + " | ".join(f"n = {size_label(n)}" for n in sizes) + " |"]
+    lines.append("|---|" + "---:|" * len(sizes))
+    for path in by_n[sizes[0]]:
+        cells = []
+        for n in sizes:
+            entry = by_n[n].get(path)
+            cells.append(
+                ""
+                if entry is None
+                else f"{fmt_ms(entry['min_ms'])}-{fmt_ms(entry['max_ms'])} "
+                f"[{entry['page_faults_per_call']:.0f}]"
+            )
+        lines.append(f"| {path} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def overhead_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
+    sizes = sorted(by_n)
+    lines = ["| operation (us per call) | " + " | ".join(f"n = {size_label(n)}" for n in sizes)]
+    lines[0] += " |"
+    lines.append("|---|" + "---:|" * len(sizes))
+    for name in by_n[sizes[0]]:
+        cells = [f"{by_n[n][name]['median_ms'] * 1e3:,.1f}" for n in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    ratio = [
+        by_n[n]["naive torch.stack gather"]["median_ms"]
+        / by_n[n]["soagen call, null model"]["median_ms"]
+        for n in sizes
+    ]
+    lines.append(
+        "| naive torch.stack gather / soagen null call | "
+        + " | ".join(f"{r:,.1f}x" for r in ratio)
+        + " |"
+    )
+    return lines
+
+
+def evaluate_targets(report: dict[str, Any]) -> list[str]:
+    """The issue's targets, judged on this run's medians."""
     lines = []
+    results = report["results"].get("cpu", {})
     for model, by_n in results.items():
         sizes = sorted(by_n)
-        paths = list(by_n[sizes[0]])
-        lines.append(f"\n### {model} (median ms per call; ratio to `ideal` in brackets)\n")
-        lines.append("| path | " + " | ".join(f"n = {n:.0e}" for n in sizes) + " |")
-        lines.append("|---|" + "---:|" * len(sizes))
-        for path in paths:
-            cells = []
-            for n in sizes:
-                median = by_n[n][path]["median_ms"]
-                ideal = by_n[n]["ideal"]["median_ms"]
-                cells.append(f"{median:.3g} ({median / ideal:.2f}x)")
-            lines.append(f"| {path} | " + " | ".join(cells) + " |")
-        for label, naive, ours in (
-            ("input binding: naive gather / soagen views", "bind naive", "bind soagen"),
-            (
-                "null-model call incl. write-back: naive / soagen",
-                "overhead naive",
-                "overhead soagen",
-            ),
-        ):
-            ratios = [by_n[n][naive]["median_ms"] / by_n[n][ours]["median_ms"] for n in sizes]
+        soagen_paths = [p for p in by_n[sizes[0]] if p.startswith("soagen")]
+        fastest_vs_ort, fastest_vs_ideal, per_backend = [], [], {p: [] for p in soagen_paths}
+        for n in sizes:
+            row = by_n[n]
+            best = min(soagen_paths, key=lambda p: row[p]["median_ms"])
+            ort = [row[p]["median_ms"] for p in ("ort copies", "ort io-binding") if p in row]
+            if ort:
+                fastest_vs_ort.append(
+                    f"{size_label(n)}: {best.removeprefix('soagen ')} "
+                    f"{row[best]['median_ms'] / min(ort):.2f}x ORT's best"
+                    f"{' ok' if row[best]['median_ms'] <= min(ort) else ' MISSED'}"
+                )
+            if n >= 100_000:
+                ratio = row[best]["median_ms"] / row["ideal"]["median_ms"]
+                fastest_vs_ideal.append(
+                    f"{size_label(n)}: {ratio:.2f}x{' ok' if ratio <= 1.05 else ' MISSED'}"
+                )
+                for path in soagen_paths:
+                    per_backend[path].append(row[path]["median_ms"] / row["ideal"]["median_ms"])
+        lines.append(f"- {model}, fastest soagen vs ONNX Runtime: " + "; ".join(fastest_vs_ort))
+        lines.append(
+            f"- {model}, fastest soagen vs ideal (n >= 1e5): " + "; ".join(fastest_vs_ideal)
+        )
+        worst = {p: max(r) for p, r in per_backend.items() if r}
+        if worst:
             lines.append(
-                f"\n{label}: "
+                f"- {model}, each backend's worst ratio to ideal at n >= 1e5: "
                 + ", ".join(
-                    f"{ratio:.3g}x at n = {n:.0e}" for n, ratio in zip(sizes, ratios, strict=True)
+                    f"{p.removeprefix('soagen ')} {w:.2f}x{'' if w <= 1.05 else ' (missed)'}"
+                    for p, w in worst.items()
                 )
             )
+    for model, by_n in report.get("overhead", {}).get("cpu", {}).items():
+        sizes = sorted(by_n)
+        small, large = sizes[0], sizes[-1]
+        ours = by_n[large]["soagen call, null model"]["median_ms"]
+        naive = by_n[large]["naive torch.stack gather"]["median_ms"]
+        flat = ours / by_n[small]["soagen call, null model"]["median_ms"]
+        lines.append(
+            f"- {model}, binding layer at n = {size_label(large)}: naive gather / soagen = "
+            f"{naive / ours:,.0f}x ({'ok' if naive / ours >= 100 else 'MISSED'}, target >= 100x); "
+            f"soagen n = {size_label(large)} / n = {size_label(small)}: {flat:.2f}x "
+            f"({'ok' if flat <= 1.2 else 'MISSED'}, target <= 1.2x)"
+        )
+    for model, rows in report.get("small_calls", {}).items():
+        pairs = []
+        for name in rows:
+            if not name.startswith("soagen ") or "null" in name:
+                continue
+            backend = name.removeprefix("soagen ")
+            bare = rows.get(f"{backend} runner alone")
+            if bare is not None:
+                extra = (rows[name]["median_ms"] - bare["median_ms"]) * 1e3
+                pairs.append(f"{backend} +{extra:.1f} us{'' if extra < 20 else ' (missed)'}")
+        lines.append(
+            f"- {model}, per-call binding cost at n = 2 (target < 20 us): " + ", ".join(pairs)
+        )
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines: list[str] = []
+    machine = report["machine"]
+    lines.append(
+        f"Machine: {machine['cpu']} ({machine['cores']} cores), Python {machine['python']}, torch "
+        f"{machine['torch']}, onnxruntime {machine.get('onnxruntime', 'absent')}; "
+        f"{machine['threads']} intra-op thread; malloc tuning "
+        f"{'on' if machine['malloc_tuning'] else 'off'} for every path."
+    )
+    for device, models in report["results"].items():
+        for model, by_n in models.items():
+            title = f"{model} on {device}" + (
+                " (N = n/10 nodes, E = n edges)" if model == "gnn" else ""
+            )
+            lines += [f"\n### {title}: median ms per call (ratio to `ideal`)\n"]
+            lines += main_table(by_n)
+            lines += [f"\n{model} on {device}: min-max ms [page faults per call]\n"]
+            lines += spread_table(by_n)
+    for device, models in report.get("overhead", {}).items():
+        for model, by_n in models.items():
+            lines += [
+                f"\n### Binding layer alone, {model} on {device} (null model, 2-element output; "
+                f"write-back at n separately)\n"
+            ]
+            lines += overhead_table(by_n)
+    if report.get("small_calls"):
+        lines.append("\n### Per call at n = 2 (us; `runner alone` = the backend without soagen)\n")
+        models = report["small_calls"]
+        names = list(dict.fromkeys(name for rows in models.values() for name in rows))
+        lines.append("| path | " + " | ".join(models) + " |")
+        lines.append("|---|" + "---:|" * len(models))
+        for name in names:
+            cells = [
+                f"{rows[name]['median_ms'] * 1e3:.1f}" if name in rows else ""
+                for rows in models.values()
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    memory = report.get("memory", {})
+    if memory:
+        lines.append("\n### Peak memory of one call above the resident set (MiB)\n")
+        for model, found in memory.items():
+            if isinstance(found, str):
+                lines.append(f"- {model}: {found}")
+                continue
+            shown = ", ".join(f"{k} {v:,.1f}" for k, v in found.items() if k != "n")
+            lines.append(f"- {model} (n = {size_label(int(found['n']))}): {shown}")
+    generation = report.get("generation", {})
+    if generation:
+        lines.append("\n### Generation\n")
+        for schema, entry in generation.items():
+            lines.append(
+                f"- {schema}: generate {entry['generate_ms']:.1f} ms; import of the generated module "
+                f"in a fresh interpreter {entry['import_ms']:.1f} ms (torch not imported)"
+            )
+    if report.get("cuda_copies"):
+        lines.append("\n### CUDA: host<->device memcpy events in 3 soagen calls\n")
+        for model, counts in report["cuda_copies"].items():
+            lines.append(f"- {model}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for note in report.get("notes", []):
+        lines.append(f"\nNote: {note}")
+    lines.append("\n### Targets\n")
+    lines += evaluate_targets(report)
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict[int, dict[str, dict[str, float]]]], folder: Path) -> list[Path]:
+def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for model, by_n in results.items():
-        sizes = sorted(by_n)
+    for device, models in report["results"].items():
+        for model, by_n in models.items():
+            sizes = sorted(by_n)
+            figure, axes = plt.subplots(figsize=(8, 5))
+            for path in by_n[sizes[0]]:
+                xs = [n for n in sizes if path in by_n[n]]
+                axes.plot(xs, [by_n[n][path]["median_ms"] for n in xs], marker="o", label=path)
+            axes.set(
+                xscale="log",
+                yscale="log",
+                xlabel="n (elements; GNN: edges)",
+                ylabel="ms per call (median)",
+                title=f"{model} on {device}",
+            )
+            axes.legend(fontsize=7)
+            axes.grid(True, which="both", alpha=0.3)
+            path = folder / (f"{model}.png" if device == "cpu" else f"{model}-{device}.png")
+            figure.savefig(path, dpi=80, bbox_inches="tight")
+            plt.close(figure)
+            written.append(path)
+    for device, models in report.get("overhead", {}).items():
         figure, axes = plt.subplots(figsize=(8, 5))
-        for path in by_n[sizes[0]]:
-            if path.startswith(("overhead", "bind")):
-                continue
-            axes.plot(sizes, [by_n[n][path]["median_ms"] for n in sizes], marker="o", label=path)
-        axes.set(xscale="log", yscale="log", xlabel="n", ylabel="ms per call", title=model)
+        for model, by_n in models.items():
+            sizes = sorted(by_n)
+            for name in (
+                "soagen call, null model",
+                "naive torch.stack gather",
+                "soagen write-back",
+            ):
+                axes.plot(
+                    sizes,
+                    [by_n[n][name]["median_ms"] * 1e3 for n in sizes],
+                    marker="o",
+                    label=f"{model}: {name}",
+                )
+        axes.set(
+            xscale="log",
+            yscale="log",
+            xlabel="n",
+            ylabel="us per call (median)",
+            title=f"binding layer vs naive conversion ({device})",
+        )
         axes.legend(fontsize=7)
         axes.grid(True, which="both", alpha=0.3)
-        path = folder / f"{model}.png"
-        figure.savefig(path, dpi=100, bbox_inches="tight")
+        path = folder / ("overhead.png" if device == "cpu" else f"overhead-{device}.png")
+        figure.savefig(path, dpi=80, bbox_inches="tight")
         plt.close(figure)
         written.append(path)
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
+# --- main ----------------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: small n, 2 repeats")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--min-sample-ms", type=float, default=20.0, help="per timed sample")
     parser.add_argument("--max-n", type=float, default=1e7, help="largest n (MLP)")
     parser.add_argument("--gnn-max-n", type=float, default=1e6, help="largest n (GNN edges)")
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated soagen backends (default: all; --quick: eager,torchscript)",
+    )
     parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
+    parser.add_argument("--no-cuda", action="store_true", help="CPU only, even with a GPU")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-malloc-tuning", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--malloc-no-trim",
+        action="store_true",
+        help="experiment: never trim the heap (M_TRIM_THRESHOLD = SIZE_MAX), on top of the tuning",
+    )
+    parser.add_argument("--models", default="mlp,gnn", help="comma-separated: mlp, gnn")
+    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)  # MODEL:N, internal
+    parser.add_argument("--package", action="append", default=[], help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
+
+def build_tools(args: argparse.Namespace, workdir: Path, backends: list[str]) -> Tools:
+    tools = Tools(
+        modules={
+            "mlp": generated_module(MLP_SCHEMA, workdir, "bench_mlp"),
+            "gnn": generated_module(GNN_SCHEMA, workdir, "bench_gnn"),
+        },
+        nets={"mlp": build_mlp(), "gnn": build_gnn()},
+        backends=backends,
+    )
+    for entry in args.package:
+        key, path = entry.split("=", 1)
+        tools.packages[key] = Path(path)
+    return tools
+
+
+def run_memory_probe(args: argparse.Namespace) -> int:
+    """The `--memory-probe MODEL:N` subprocess: print one JSON line of MiB per path."""
     set_cpu_threads(1, 1)
-    set_malloc_tuning(not args.no_malloc_tuning)
+    set_malloc_tuning(False)
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD fixed at 1 MiB: large blocks go back when freed
+    libc.mallopt(-1, 1 << 20)  # M_TRIM_THRESHOLD
+    model, n_text = args.memory_probe.split(":")
+    backends = [b for b in (args.backends or "eager").split(",") if b]
+    with tempfile.TemporaryDirectory(prefix="soagen-bench-memory-") as folder:
+        tools = build_tools(args, Path(folder), backends)
+        if not args.no_onnx:
+            tools.sessions = onnx_sessions(tools.nets, arena=False)
+        found: dict[str, float] = {"n": float(n_text)}
+        found |= memory_probe(model, int(float(n_text)), tools)
+    print(json.dumps(found))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    if args.memory_probe:
+        return run_memory_probe(args)
+    # Same settings for every path, in this one process: what soagen applies at its first CPU
+    # call (one thread; freed memory kept in the heap), set before anything runs.
+    set_cpu_threads(1, 1)
+    malloc_tuned = set_malloc_tuning(not args.no_malloc_tuning)
+    if args.malloc_no_trim:
+        # soagen's threshold (1 GiB) is below the MLP's 1e7 intermediates (1.28 GB each), so
+        # freeing them trims the heap and the next call page-faults it in again; -1 is SIZE_MAX.
+        ctypes.CDLL("libc.so.6").mallopt(-1, -1)
     args.out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
     if args.quick:
-        sizes, repeats, backends = [1_000, 4_000], 2, ["eager", "torchscript"]
-        gnn_max_n = 4_000.0
+        sizes, repeats, min_sample_s = [1_000, 4_000], 2, 0.002
+        gnn_max_n, memory_n = 4_000.0, {"mlp": 4_000, "gnn": 4_000}
+        default_backends = ["eager", "torchscript"]
     else:
         sizes = [10**k for k in range(3, 8) if 10**k <= args.max_n]
-        repeats, backends = args.repeats, ["eager", "torchscript", "compile", "aot"]
-        gnn_max_n = args.gnn_max_n
-    workdir = Path(tempfile.mkdtemp(prefix="soagen-bench-models-"))
-    modules = {
-        "mlp": generated_module(REPO / "benchmarks" / "schemas" / "mlp.soa", workdir, "bench_mlp"),
-        "gnn": generated_module(REPO / "schemas" / "gnn.soa", workdir, "bench_gnn"),
-    }
-    tools: dict[str, object] = {"mlp": build_mlp(), "gnn": build_gnn()}
-    if "aot" in backends:
-        cache = args.out / "packages"
-        tools["mlp.pt2"] = aot_package(
-            REPO / "benchmarks" / "schemas" / "mlp.soa",
-            "HitMlp",
-            f"{REPO / 'benchmarks' / 'models.py'}:build_mlp",
-            cache,
+        repeats, min_sample_s = args.repeats, args.min_sample_ms / 1e3
+        gnn_max_n, memory_n = args.gnn_max_n, {"mlp": 1_000_000, "gnn": 1_000_000}
+        default_backends = list(BACKENDS)
+    backends = args.backends.split(",") if args.backends else default_backends
+    if "aot" in backends and not has_aot_compiler():
+        backends.remove("aot")
+        notes.append("soagen.compile is not available: the AOT backend was skipped")
+    devices = ["cpu"]
+    if torch.cuda.is_available() and not args.no_cuda:
+        devices.append("cuda")
+    else:
+        notes.append("no CUDA device here: the CUDA runs and the memcpy count were skipped")
+    if gnn_max_n < max(sizes):
+        notes.append(
+            f"GNN sizes stop at E = {size_label(int(gnn_max_n))} edges (--gnn-max-n): larger runs "
+            f"take seconds per call per path here"
         )
-        tools["gnn.pt2"] = aot_package(
-            REPO / "schemas" / "gnn.soa",
-            "EdgeClassifier",
-            f"{REPO / 'examples' / 'gnn_model.py'}:build_model",
-            cache,
-        )
-    if not args.no_onnx:
-        rows = torch.export.Dim("rows", min=2)
-        nodes, edges = torch.export.Dim("nodes", min=2), torch.export.Dim("edges", min=2)
-        mlp, gnn = tools["mlp"], tools["gnn"]
-        assert isinstance(mlp, torch.nn.Module) and isinstance(gnn, torch.nn.Module)
-        tools["mlp.onnx"] = onnx_session(mlp, (torch.randn(64, 4),), ({0: rows},))
-        tools["mlp_t.onnx"] = onnx_session(ColumnsFirst(mlp), (torch.randn(4, 64),), ({1: rows},))
-        gnn_example = (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2))
-        tools["gnn.onnx"] = onnx_session(gnn, gnn_example, ({0: nodes}, {1: edges}, {0: edges}))
 
-    results: dict[str, dict[int, dict[str, dict[str, float]]]] = {"mlp": {}, "gnn": {}}
-    for n in sizes:
-        for model, build in (("mlp", mlp_case), ("gnn", gnn_case)):
-            if model == "gnn" and n > gnn_max_n:
-                continue
-            print(f"{model} n = {n:.0e} ...", file=sys.stderr, flush=True)
-            case = build(n, modules[model], backends, tools)
-            results[model][n] = check_and_time(case, repeats)
-            del case
-    machine = {
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "malloc_tuning": not args.no_malloc_tuning,
+    workdir = Path(tempfile.mkdtemp(prefix="soagen-bench-models-"))
+    tools = build_tools(args, workdir, backends)
+    if "aot" in backends:
+        for device in devices:
+            tools.packages[f"mlp {device}"] = aot_package(
+                MLP_SCHEMA, "HitMlp", MLP_FACTORY, args.out / "packages", device
+            )
+            tools.packages[f"gnn {device}"] = aot_package(
+                GNN_SCHEMA, "EdgeClassifier", GNN_FACTORY, args.out / "packages", device
+            )
+    if not args.no_onnx:
+        log("exporting both models to ONNX ...")
+        tools.sessions = onnx_sessions(tools.nets)
+
+    report: dict[str, Any] = {
+        "machine": {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "malloc_tuning": malloc_tuned,
+            "malloc_no_trim": args.malloc_no_trim,
+            "cuda": torch.cuda.get_device_name() if "cuda" in devices else None,
+        },
+        "settings": {"repeats": repeats, "min_sample_s": min_sample_s, "backends": backends},
+        "results": {},
+        "overhead": {},
+        "notes": notes,
     }
     try:
         import onnxruntime
 
-        machine["onnxruntime"] = onnxruntime.__version__
+        report["machine"]["onnxruntime"] = onnxruntime.__version__
     except ImportError:
         pass
-    table = markdown(results)
+
+    for device in devices:
+        synchronize = synchronizer(device)
+        results: dict[str, dict[int, dict[str, Stats]]] = {"mlp": {}, "gnn": {}}
+        overhead: dict[str, dict[int, dict[str, Stats]]] = {"mlp": {}, "gnn": {}}
+        for n in sizes:
+            for model, build in BUILDERS.items():
+                if model not in args.models.split(","):
+                    continue
+                if model == "gnn" and n > gnn_max_n:
+                    continue
+                log(f"{model} n = {size_label(n)} on {device} ...")
+                case = build(n, device, tools)
+
+                def verify(name: str, output: Any, case: Case = case) -> None:
+                    check(case, name, output)
+
+                results[model][n] = time_paths(
+                    dict(case.paths), repeats, min_sample_s, synchronize, verify
+                )
+                overhead[model][n] = time_paths(
+                    case.overhead, max(repeats, 5), min_sample_s, synchronize
+                )
+                if device == "cuda" and n == sizes[-1] or (device == "cuda" and n == gnn_max_n):
+                    report.setdefault("cuda_copies", {})[f"{model} n={n}"] = count_copies(
+                        case.soagen_calls
+                    )
+                del case
+                gc.collect()
+        report["results"][device] = {model: found for model, found in results.items() if found}
+        report["overhead"][device] = {model: found for model, found in overhead.items() if found}
+
+    log("per-call cost at n = 2 ...")
+    report["small_calls"] = small_calls(tools, max(repeats, 5), max(min_sample_s, 0.05))
+    log("generation latency and import time ...")
+    report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
+    if not args.no_memory:
+        report["memory"] = {}
+        cpu_packages = {k: v for k, v in tools.packages.items() if k.endswith("cpu")}
+        for model in [m for m in BUILDERS if m in args.models.split(",")]:
+            log(f"peak memory of {model} (subprocess) ...")
+            report["memory"][model] = memory_in_subprocess(
+                model,
+                min(memory_n[model], int(gnn_max_n) if model == "gnn" else memory_n[model]),
+                backends,
+                cpu_packages,
+                onnx=not args.no_onnx and not args.quick,
+            )
+
+    table = markdown(report)
     print(table)
-    (args.out / "results.json").write_text(
-        json.dumps({"machine": machine, "results": results}, indent=1)
-    )
+    (args.out / "results.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "results.md").write_text(table + "\n")
-    for path in plot(results, args.out):
-        print(f"wrote {path}", file=sys.stderr)
+    for path in plot(report, args.out):
+        log(f"wrote {path}")
     return 0
 
 

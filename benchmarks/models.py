@@ -35,3 +35,24 @@ def build_mlp(seed: int = 0) -> HitMlp:
     """The factory `soagen compile` calls for the MLP benchmark. Weights from a fixed seed."""
     torch.manual_seed(seed)
     return HitMlp().eval()
+
+
+class GnnColumnsFirst(nn.Module):
+    """The edge classifier on SoA blocks read in place as dense arrays, padding included:
+    node features [4, PN], edge_index [2, PI] (int64 pitch), edge features [2, PF] (float32 pitch).
+
+    The float32 pitch holds at least as many rows as the int64 one (rounded up to 32 against 16
+    elements for 128-byte alignment), so the edge features are cut to the index's row count; the
+    result has PI rows, which fit in the float32 score column (PF rows).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, node_columns: torch.Tensor, edge_index: torch.Tensor, edge_columns: torch.Tensor
+    ) -> torch.Tensor:
+        edges = edge_index.shape[1]
+        result: torch.Tensor = self.model(node_columns.t(), edge_index, edge_columns[:, :edges].t())
+        return result
