@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles: "ci" (the default) keeps property tests to a bounded number of examples;
+# `HYPOTHESIS_PROFILE=long` runs many more locally. Tests that set max_examples themselves keep it.
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "long", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _available_devices() -> list[object]:

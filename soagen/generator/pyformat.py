@@ -43,6 +43,22 @@ def _escaped(text: str, quote: str) -> str:
     return "".join(body)
 
 
+def comment_text(text: str) -> str:
+    """`text` for a `#` comment: characters that are not printable (line breaks, other controls,
+    lone surrogates from undecodable file names) are written as escapes, so the comment stays one
+    line and the file stays UTF-8."""
+    return "".join(c if c.isprintable() or c == " " else _escaped(c, '"') for c in text)
+
+
+def assignment(target: str, value: str, indent: str) -> str:
+    """`target = value` at `indent`, the value in parentheses on a line of its own if the whole
+    does not fit, as ruff prints it (and keeps, at any longer line length)."""
+    one_line = f"{indent}{target} = {value}"
+    if len(one_line) <= LINE_LENGTH:
+        return one_line
+    return f"{indent}{target} = (\n{indent}{INDENT}{value}\n{indent})"
+
+
 def docstring(text: str, indent: str) -> str:
     """A triple-quoted docstring at `indent`; quotes, backslashes and control characters are escaped."""
     lines = []

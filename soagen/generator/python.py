@@ -19,6 +19,8 @@ from soagen.dsl.pretty import linear_text, stride_text
 from soagen.generator.pyformat import (
     INDENT,
     Call,
+    assignment,
+    comment_text,
     docstring,
     import_from,
     render,
@@ -251,8 +253,7 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
         for member in layout.members
     ]
     class_attributes = (
-        f"NAME: _typing.ClassVar[str] = {string_literal(layout.name)}",
-        f"SCHEMA: _typing.ClassVar[str] = {string_literal(schema_file.path)}",
+        *_name_and_schema(layout.name, schema_file),
         f"ALIGNMENT: _typing.ClassVar[int] = {align}",
         f"MEMBERS: _typing.ClassVar[tuple[{RUNTIME}.MemberSpec, ...]] = (\n"
         + "\n".join(members)
@@ -269,6 +270,18 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
         tuple(blocks),
         tuple(Accessor(a.name, docstring(a.doc, INDENT * 2)) for a in accessors),
     )
+
+
+def _name_and_schema(name: str, schema_file: SchemaFile) -> tuple[str, str]:
+    """The NAME and SCHEMA class attributes (printed after one indent by the template)."""
+    name_line, schema_line = (
+        # The template indents the first line; the rest carry their own indentation.
+        assignment(f"{attribute}: _typing.ClassVar[str]", string_literal(value), INDENT)[
+            len(INDENT) :
+        ]
+        for attribute, value in (("NAME", name), ("SCHEMA", schema_file.path))
+    )
+    return name_line, schema_line
 
 
 def _blocks_of(layout: Layout, schema_file: SchemaFile) -> list[Binding]:
@@ -306,10 +319,7 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
             (string_literal(binding.name), string_literal(binding.direction.value), block),
         )
         specs[binding.direction.value].append(render(spec, INDENT * 2, suffix=","))
-    class_attributes = (
-        f"NAME: _typing.ClassVar[str] = {string_literal(model.name)}",
-        f"SCHEMA: _typing.ClassVar[str] = {string_literal(schema_file.path)}",
-    )
+    class_attributes = _name_and_schema(model.name, schema_file)
     doc = model.doc or f"Binds the inputs and outputs of model {model.name} to SoA blocks."
     return ModelModel(
         model.name,
@@ -431,7 +441,7 @@ def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
         .get_template("module.py.jinja")
         .render(
             version=soagen.__version__,
-            source=schema_file.path,
+            source=comment_text(schema_file.path),
             module_doc=docstring(module_doc, ""),
             imports=import_lines,
             exported=[string_literal(name) for name in exported],

@@ -1,0 +1,485 @@
+"""Adversarial run-time cases: buffers of every wrong size and alignment, odd devices and dtypes;
+models that return the wrong things, raise, write into their inputs, or run from many threads.
+
+Complements test_runtime_buffers.py, test_model.py and test_backends.py (which hold the first cases
+of each kind); the cases marked xfail are bugs reported to the owner of soagen/runtime/model.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from soagen.runtime.errors import (
+    BufferTooSmallError,
+    DeviceError,
+    IndexRangeError,
+    InputModifiedError,
+    MisalignedBufferError,
+    OutputError,
+    SoaRuntimeError,
+)
+
+SCHEMA = """
+layout Points {
+    align 64
+    column float32 x, y, z
+    column int64 label
+    scalar float64 scale
+}
+layout Scores {
+    column float32 a, b
+}
+layout Indexed {
+    align 16
+    column uint32 u32
+    column uint64 u64
+    column int16 i16
+}
+layout Params {
+    scalar float32 p, q
+    column float32 v
+}
+model Mlp {
+    input points = Points{x, y, z} as [n, c]
+    output scores = Scores{a, b} as [n, c]
+}
+model Two {
+    input points = Points{x, y, z}
+    output first = Scores{a}
+    output second = Scores{b}
+}
+model ByIndex {
+    input index = Indexed{u64}
+    input index32 = Indexed{u32}
+    input points = Points{x, y, z}
+    output first = Scores{a}
+}
+model ScalarOut {
+    input v = Params{v}
+    output pq = Params{p, q} as [n, c]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def soa(generated_from_text: Callable[[str], ModuleType]) -> ModuleType:
+    return generated_from_text(SCHEMA)
+
+
+def points(soa: ModuleType, n: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    collection = soa.Points.allocate(n, zero=True)
+    generator = torch.Generator().manual_seed(seed)
+    collection.block("points").copy_(torch.randn(n, 3, generator=generator))
+    return collection
+
+
+def aligned(nbytes: int, alignment: int) -> torch.Tensor:
+    raw = torch.zeros(nbytes + alignment, dtype=torch.uint8)
+    shift = -raw.data_ptr() % alignment
+    return raw[shift : shift + nbytes]
+
+
+class Returns(nn.Module):
+    """A model returning whatever `make` builds from its inputs."""
+
+    def __init__(self, make: Callable[..., object]) -> None:
+        super().__init__()
+        self.make = make
+
+    def forward(self, *inputs: torch.Tensor) -> object:
+        return self.make(*inputs)
+
+
+# --- buffers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["Points", "Scores", "Indexed", "Params"])
+@pytest.mark.parametrize("n", [0, 1, 5, 33])
+def test_every_short_buffer_is_refused_and_every_long_enough_one_works(
+    soa: ModuleType, layout: str, n: int
+) -> None:
+    cls = getattr(soa, layout)
+    needed = cls.byte_size(n)
+    buffer = aligned(needed + cls.ALIGNMENT, cls.ALIGNMENT)
+    for size in range(needed):
+        with pytest.raises(
+            BufferTooSmallError, match=f"holds {size} bytes but {layout} with n={n}"
+        ):
+            cls.wrap(buffer[:size], n)
+    for size in (needed, needed + 1, needed + cls.ALIGNMENT):
+        wrapped = cls.wrap(buffer[:size], n)
+        assert wrapped.nbytes == needed
+        assert needed == 0 or wrapped.buffer.data_ptr() == buffer.data_ptr()
+        last = cls.MEMBERS[-1].name
+        view = wrapped.member(last)
+        # The last member's view ends inside the bytes used.
+        end = (
+            view.data_ptr()
+            - buffer.data_ptr()
+            + view.element_size()
+            * (1 + sum((s - 1) * t for s, t in zip(view.shape, view.stride(), strict=True)))
+        )
+        assert view.numel() == 0 or end <= needed
+
+
+@pytest.mark.parametrize("layout", ["Points", "Scores", "Indexed"])
+def test_every_misaligned_start_is_refused(soa: ModuleType, layout: str) -> None:
+    cls = getattr(soa, layout)
+    alignment = cls.ALIGNMENT
+    needed = cls.byte_size(7)
+    buffer = aligned(needed + alignment, alignment)
+    for shift in range(1, alignment):
+        with pytest.raises(MisalignedBufferError, match=f"{shift} bytes past a {alignment}-byte"):
+            cls.wrap(buffer[shift : shift + needed], 7)
+    assert cls.wrap(buffer[alignment:], 7).buffer.data_ptr() % alignment == 0
+    # The same through NumPy and a memoryview: the check is on the address, whatever the object.
+    array = buffer.numpy()
+    for shift in (1, alignment // 2, alignment - 1):
+        with pytest.raises(MisalignedBufferError):
+            cls.wrap(array[shift : shift + needed], 7)
+        with pytest.raises(MisalignedBufferError):
+            cls.wrap(memoryview(array)[shift : shift + needed], 7)
+
+
+def test_meta_buffers_give_meta_views_and_are_refused_elsewhere(soa: ModuleType) -> None:
+    meta = torch.empty(soa.Points.byte_size(10), dtype=torch.uint8, device="meta")
+    wrapped = soa.Points.wrap(meta, 10)
+    assert wrapped.device.type == "meta" and wrapped.x.device.type == "meta"
+    assert wrapped.block("points").shape == (10, 3)
+    with pytest.raises(DeviceError, match="buffer is on meta but device='cpu'"):
+        soa.Points.wrap(meta, 10, device="cpu")
+    with pytest.raises(BufferTooSmallError):
+        soa.Points.wrap(meta[:-1], 10)
+    with pytest.raises(DeviceError, match="needs host memory"):
+        wrapped.numpy()
+    # A model on meta collections runs on meta tensors and writes nothing anywhere real.
+    scores = soa.Scores.allocate(10, device="meta")
+    soa.Mlp(Returns(lambda p: p[:, :2] * 2))(wrapped, out=scores)
+    assert scores.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda size: torch.zeros(size, dtype=torch.complex128),
+        lambda size: torch.zeros(size, dtype=torch.bool),
+        lambda size: torch.zeros(size, dtype=torch.bfloat16),
+        lambda size: torch.zeros(size, dtype=torch.float64),
+        lambda size: np.zeros(size, dtype=np.dtype([("a", "<i4"), ("b", "<f4")])),
+        lambda size: np.zeros(size, dtype=np.float16),
+    ],
+    ids=["complex128", "bool", "bfloat16", "float64", "numpy-structured", "numpy-float16"],
+)
+def test_buffers_of_any_plain_dtype_are_bytes(
+    soa: ModuleType, make: Callable[[int], object]
+) -> None:
+    """Whatever the buffer's element type, its bytes hold the layout; values round-trip."""
+    needed = soa.Points.byte_size(9)
+    for extra in range(0, 4096, 8):
+        buffer = make(needed + extra)
+        data = buffer.data_ptr() if isinstance(buffer, torch.Tensor) else buffer.ctypes.data
+        if data % 64 == 0:
+            break
+    else:
+        pytest.skip("no 64-byte aligned allocation found")
+    wrapped = soa.Points.wrap(buffer, 9)
+    wrapped.x.copy_(torch.arange(9.0))
+    wrapped.label.copy_(torch.arange(9) - 4)
+    again = soa.Points.wrap(buffer, 9)
+    assert torch.equal(again.x, torch.arange(9.0)) and torch.equal(again.label, torch.arange(9) - 4)
+
+
+@pytest.mark.filterwarnings("ignore:.*quantized tensor creation functions.*:UserWarning")
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: torch.zeros(4096).to_sparse(),
+        lambda: torch.quantize_per_tensor(torch.zeros(4096), 0.1, 0, torch.quint8),
+        lambda: np.empty(4096, dtype=object),
+        lambda: torch.zeros(64, 64)[:, :10],
+    ],
+    ids=["sparse", "quantized", "numpy-object", "non-contiguous"],
+)
+def test_buffers_that_are_not_plain_bytes_are_refused(
+    soa: ModuleType, bad: Callable[[], object]
+) -> None:
+    with pytest.raises(SoaRuntimeError):
+        soa.Points.wrap(bad(), 1)
+
+
+def test_a_zero_dimensional_tensor_is_a_buffer_of_its_bytes(soa: ModuleType) -> None:
+    with pytest.raises(BufferTooSmallError, match="holds 8 bytes"):
+        soa.Points.wrap(torch.tensor(1.0, dtype=torch.float64), 1)
+
+
+# --- models: outputs ---------------------------------------------------------------------------------
+
+
+def test_nan_and_infinities_are_written_not_refused(soa: ModuleType) -> None:
+    values = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), -0.0, 1.0], dtype=torch.float32
+    )
+    payload = torch.tensor([0x7FC00123], dtype=torch.int32).view(torch.float32)  # a NaN payload
+    values = torch.cat([values, payload])
+    n = len(values)
+    collection, scores = points(soa, n), soa.Scores.allocate(n, zero=True)
+    soa.Mlp(Returns(lambda p: torch.stack([values, values.flip(0)], 1)))(collection, out=scores)
+    # Bit for bit: NaN (with its payload) and the sign of zero survive.
+    assert torch.equal(scores.a.view(torch.int32), values.view(torch.int32))
+    assert torch.equal(scores.b.view(torch.int32), values.flip(0).view(torch.int32))
+    assert bool(scores.a.isnan()[0]) and bool(scores.a.isnan()[-1])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p[:, :2].reshape(2, -1), r"shape \[2, 3\], expected \[3, 2\]"),
+        (lambda p: p[:, :1], r"shape \[3, 1\], expected \[3, 2\]"),
+        (lambda p: p[:, :2].unsqueeze(0), r"shape \[1, 3, 2\]"),
+        (lambda p: p[0, 0], r"shape \[\], expected \[3, 2\]"),
+        (lambda p: torch.empty(0, 2), r"shape \[0, 2\]"),
+        (lambda p: p[:, :2].half(), "dtype torch.float16, expected torch.float32"),
+        (lambda p: p[:, :2].to(torch.int32), "dtype torch.int32"),
+        (lambda p: p[:, :2] > 0, "dtype torch.bool"),
+        (lambda p: p[:, :2].to(torch.complex64), "dtype torch.complex64"),
+        (lambda p: p[:, :2].to("meta"), "device meta, expected cpu"),
+    ],
+    ids=[
+        "transposed",
+        "narrow",
+        "extra-axis",
+        "0-d",
+        "empty",
+        "f16",
+        "i32",
+        "bool",
+        "complex",
+        "meta",
+    ],
+)
+def test_wrong_outputs_are_refused_and_nothing_is_written(
+    soa: ModuleType, make: Callable[..., object], message: str
+) -> None:
+    collection, scores = points(soa, 3), soa.Scores.allocate(3)
+    scores.buffer.fill_(0xAB)
+    with pytest.raises(OutputError, match=message):
+        soa.Mlp(Returns(make))(collection, out=scores)
+    assert bool((scores.buffer == 0xAB).all())
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: (p[:, 0],), r"returned 1 output\(s\), the schema declares 2"),
+        (lambda p: (p[:, 0], p[:, 1], p[:, 2]), r"returned 3 output\(s\)"),
+        (lambda p: (), r"returned 0 output\(s\)"),
+        (lambda p: [p[:, 0]] * 5, r"returned 5 output\(s\)"),
+        (lambda p: {"first": p[:, 0]}, "dict with keys first"),
+        (lambda p: {"first": p[:, 0], "second": p[:, 1], "third": p[:, 2]}, "dict with keys"),
+        (lambda p: (p[:, 0], p[:, 1].numpy()), "returned tuple"),
+        (lambda p: p.numpy(), "returned ndarray"),
+        (lambda p: 1.5, "returned float"),
+        (lambda p: "scores", "returned str"),
+        (lambda p: (t for t in (p[:, 0], p[:, 1])), "returned generator"),
+        (lambda p: [[1.0, 2.0]], "returned list"),
+    ],
+    ids=["1-tuple", "3-tuple", "empty", "list-5", "dict-missing", "dict-extra", "numpy-in-tuple",
+         "numpy", "float", "str", "generator", "nested-list"],
+)  # fmt: skip
+def test_wrong_output_counts_and_non_tensors_are_refused(
+    soa: ModuleType, make: Callable[..., object], message: str
+) -> None:
+    collection, scores = points(soa, 4), soa.Scores.allocate(4)
+    scores.buffer.fill_(0x5A)
+    with pytest.raises(OutputError, match=message):
+        soa.Two(Returns(make))(collection, out=scores)
+    assert bool((scores.buffer == 0x5A).all())
+
+
+def test_strided_and_grad_requiring_outputs_are_written_exactly(soa: ModuleType) -> None:
+    collection, scores = points(soa, 6), soa.Scores.allocate(6, zero=True)
+    weight = nn.Parameter(torch.ones(6, 2))
+    wide = torch.arange(24.0).reshape(6, 4)
+    soa.Mlp(Returns(lambda p: wide[:, ::2]))(collection, out=scores)  # a non-contiguous result
+    assert torch.equal(scores.block("scores"), wide[:, ::2])
+    soa.Mlp(Returns(lambda p: weight * 3))(collection, out=scores)
+    assert torch.equal(scores.block("scores"), torch.full((6, 2), 3.0))
+
+
+class Failure(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "error", [ValueError("v"), IndexError("i"), Failure("custom"), KeyError("k")]
+)
+def test_errors_propagate_unchanged_and_the_model_still_works_after(
+    soa: ModuleType, error: Exception
+) -> None:
+    calls = []
+
+    def make(p: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return p[:, :2] + 1
+
+    model = soa.Mlp(Returns(make))
+    collection, scores = points(soa, 5), soa.Scores.allocate(5)
+    scores.buffer.fill_(1)
+    with pytest.raises(type(error)) as caught:
+        model(collection, out=scores)
+    assert caught.value is error
+    assert bool((scores.buffer == 1).all())
+    model(collection, out=scores)
+    assert torch.equal(scores.block("scores"), collection.block("points")[:, :2] + 1)
+
+
+# --- models: inputs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda p: p.add_(1),
+        lambda p: p.__setitem__((0, 0), 5.0),
+        lambda p: torch.add(p, 1, out=p),
+        lambda p: p.t().mul_(0),
+        lambda p: p[:, 1].zero_(),
+        lambda p: p.detach().fill_(3),
+        lambda p: p.copy_(torch.zeros_like(p)),
+    ],
+    ids=["add_", "setitem", "out=", "transposed-view", "column-view", "detach", "copy_"],
+)
+def test_every_in_place_write_to_an_input_is_caught(
+    soa: ModuleType, write: Callable[[torch.Tensor], object]
+) -> None:
+    def make(p: torch.Tensor) -> torch.Tensor:
+        write(p)
+        return p[:, :2]
+
+    collection, scores = points(soa, 4), soa.Scores.allocate(4)
+    scores.buffer.fill_(9)
+    with pytest.raises(InputModifiedError, match="wrote into its input 'points'"):
+        soa.Mlp(Returns(make))(collection, out=scores)
+    assert bool((scores.buffer == 9).all())
+    # With protect_inputs the same model runs on copies and leaves the collection as it was.
+    fresh = points(soa, 4)
+    before = fresh.buffer.clone()
+    soa.Mlp(Returns(make), protect_inputs=True)(fresh, out=scores)
+    assert torch.equal(fresh.buffer, before)
+
+
+def test_a_write_into_one_input_is_caught_when_another_is_returned(soa: ModuleType) -> None:
+    indexed = soa.Indexed.allocate(4, zero=True)
+
+    def make(index: torch.Tensor, index32: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        p.mul_(2)
+        return p[:, 0].clone()
+
+    with pytest.raises(InputModifiedError, match="'points'"):
+        soa.ByIndex(Returns(make))(indexed, points(soa, 4), out=soa.Scores.allocate(4))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="model.py: writes through `.data` or `.numpy()` bypass the version counters the "
+    "input-write check relies on, so the input is changed silently",
+)
+@pytest.mark.parametrize("write", [lambda p: p.data.mul_(0), lambda p: p.numpy().fill(0)])
+def test_untracked_writes_to_inputs_are_caught(
+    soa: ModuleType, write: Callable[[torch.Tensor], object]
+) -> None:
+    def make(p: torch.Tensor) -> torch.Tensor:
+        write(p)
+        return p[:, :2].clone()
+
+    with pytest.raises(InputModifiedError):
+        soa.Mlp(Returns(make))(points(soa, 4), out=soa.Scores.allocate(4))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NotImplementedError,
+    reason="model.py: index_bounds accepts uint16/32/64 inputs, but torch.aminmax has no CPU "
+    "kernel for them, so every call raises NotImplementedError",
+)
+def test_unsigned_index_inputs_are_range_checked(soa: ModuleType) -> None:
+    indexed = soa.Indexed.allocate(4, zero=True)
+    model = soa.ByIndex(
+        Returns(lambda index, index32, p: p[:, 0].clone()), index_bounds={"index": "points"}
+    )
+    model(indexed, points(soa, 4), out=soa.Scores.allocate(4))
+    indexed.u64[2] = 7
+    with pytest.raises(IndexRangeError):
+        model(indexed, points(soa, 4), out=soa.Scores.allocate(4))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="model.py/check.py: an output block of scalars is a stride-0 broadcast view; the "
+    "write-back fails inside torch ('more than one element of the written-to tensor refers to a "
+    "single memory location') instead of a soagen error, or the schema being refused",
+)
+def test_scalar_output_blocks_fail_with_a_soagen_error(soa: ModuleType) -> None:
+    params = soa.Params.allocate(3, zero=True)
+    with pytest.raises(SoaRuntimeError):
+        soa.ScalarOut(Returns(lambda v: torch.ones(3, 2)))(params, out=params)
+
+
+# --- one model object, many threads ------------------------------------------------------------------
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.layers = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def forward(self, p: torch.Tensor) -> torch.Tensor:
+        return self.layers(p)
+
+
+def test_eight_threads_of_a_thousand_calls_match_one_thread_bit_for_bit(soa: ModuleType) -> None:
+    model = soa.Mlp(Small())
+    sizes = [1, 2, 7, 16, 33]
+    inputs = [points(soa, n, seed=n) for n in sizes]
+    expected = []
+    for collection in inputs:
+        scores = soa.Scores.allocate(collection.size, zero=True)
+        model(collection, out=scores)
+        expected.append(scores.buffer.clone())
+    mismatches: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def worker(thread: int) -> None:
+        try:
+            outputs = [soa.Scores.allocate(c.size) for c in inputs]
+            start.wait()
+            for call in range(1000):
+                which = (thread + call) % len(sizes)
+                outputs[which].buffer.fill_(0)
+                model(inputs[which], out=outputs[which])
+                if not torch.equal(outputs[which].buffer, expected[which]):
+                    mismatches.append((thread, call))
+        except BaseException as error:  # reported below, not lost in the thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and mismatches == []
+    # The inputs were shared by every thread and never written.
+    for collection, n in zip(inputs, sizes, strict=True):
+        assert torch.equal(collection.buffer, points(soa, n, seed=n).buffer)
