@@ -731,7 +731,10 @@ def size_label(n: int) -> str:
     return f"1e{int(exponent)}" if exponent.is_integer() else f"{n:g}"
 
 
-def main_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
+def _path_table(
+    by_n: dict[int, dict[str, Stats]], cell: Callable[[Stats, dict[str, Stats]], str]
+) -> list[str]:
+    """One row per path, one column per n; `cell(entry, all entries at that n)` fills a cell."""
     sizes = sorted(by_n)
     lines = ["| path | " + " | ".join(f"n = {size_label(n)}" for n in sizes) + " |"]
     lines.append("|---|" + "---:|" * len(sizes))
@@ -739,31 +742,25 @@ def main_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
         cells = []
         for n in sizes:
             entry = by_n[n].get(path)
-            if entry is None:
-                cells.append("")
-                continue
-            ratio = entry["median_ms"] / by_n[n]["ideal"]["median_ms"]
-            cells.append(f"{fmt_ms(entry['median_ms'])} ({ratio:.2f}x)")
+            cells.append("" if entry is None else cell(entry, by_n[n]))
         lines.append(f"| {path} | " + " | ".join(cells) + " |")
     return lines
+
+
+def main_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
+    def cell(entry: Stats, at_n: dict[str, Stats]) -> str:
+        ratio = entry["median_ms"] / at_n["ideal"]["median_ms"]
+        return f"{fmt_ms(entry['median_ms'])} ({ratio:.2f}x)"
+
+    return _path_table(by_n, cell)
 
 
 def spread_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
-    sizes = sorted(by_n)
-    lines = ["| path | " + " | ".join(f"n = {size_label(n)}" for n in sizes) + " |"]
-    lines.append("|---|" + "---:|" * len(sizes))
-    for path in by_n[sizes[0]]:
-        cells = []
-        for n in sizes:
-            entry = by_n[n].get(path)
-            cells.append(
-                ""
-                if entry is None
-                else f"{fmt_ms(entry['min_ms'])}-{fmt_ms(entry['max_ms'])} "
-                f"[{entry['page_faults_per_call']:.0f}]"
-            )
-        lines.append(f"| {path} | " + " | ".join(cells) + " |")
-    return lines
+    def cell(entry: Stats, at_n: dict[str, Stats]) -> str:
+        spread = f"{fmt_ms(entry['min_ms'])}-{fmt_ms(entry['max_ms'])}"
+        return f"{spread} [{entry['page_faults_per_call']:.0f}]"
+
+    return _path_table(by_n, cell)
 
 
 def overhead_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
@@ -918,6 +915,18 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _save_log_log(figure: Any, axes: Any, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """Label a log-log plot, write it as a PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    axes.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    axes.legend(fontsize=7)
+    axes.grid(True, which="both", alpha=0.3)
+    figure.savefig(path, dpi=80, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
 def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     import matplotlib
 
@@ -932,19 +941,9 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
             for path in by_n[sizes[0]]:
                 xs = [n for n in sizes if path in by_n[n]]
                 axes.plot(xs, [by_n[n][path]["median_ms"] for n in xs], marker="o", label=path)
-            axes.set(
-                xscale="log",
-                yscale="log",
-                xlabel="n (elements; GNN: edges)",
-                ylabel="ms per call (median)",
-                title=f"{model} on {device}",
-            )
-            axes.legend(fontsize=7)
-            axes.grid(True, which="both", alpha=0.3)
             path = folder / (f"{model}.png" if device == "cpu" else f"{model}-{device}.png")
-            figure.savefig(path, dpi=80, bbox_inches="tight")
-            plt.close(figure)
-            written.append(path)
+            labels = ("n (elements; GNN: edges)", "ms per call (median)", f"{model} on {device}")
+            written.append(_save_log_log(figure, axes, *labels, path))
     for device, models in report.get("overhead", {}).items():
         figure, axes = plt.subplots(figsize=(8, 5))
         for model, by_n in models.items():
@@ -960,19 +959,9 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
                     marker="o",
                     label=f"{model}: {name}",
                 )
-        axes.set(
-            xscale="log",
-            yscale="log",
-            xlabel="n",
-            ylabel="us per call (median)",
-            title=f"binding layer vs naive conversion ({device})",
-        )
-        axes.legend(fontsize=7)
-        axes.grid(True, which="both", alpha=0.3)
         path = folder / ("overhead.png" if device == "cpu" else f"overhead-{device}.png")
-        figure.savefig(path, dpi=80, bbox_inches="tight")
-        plt.close(figure)
-        written.append(path)
+        title = f"binding layer vs naive conversion ({device})"
+        written.append(_save_log_log(figure, axes, "n", "us per call (median)", title, path))
     return written
 
 

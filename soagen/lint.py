@@ -28,6 +28,7 @@ from soagen.config import Config, ConfigError, find_config
 from soagen.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import DEFAULT_ALIGN, Member, MemberKind, SchemaFile
 from soagen.dsl.loader import load
+from soagen.names import to_pascal_case, to_snake_case
 
 # Each category holds the rules of the ones before it.
 CATEGORIES = ("MINIMAL", "BASIC", "STANDARD")
@@ -66,21 +67,6 @@ class Rule:
 
 PASCAL_CASE = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
 SNAKE_CASE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*\Z")
-
-
-def _words(name: str) -> list[str]:
-    """`edgeScores`, `EdgeScores`, `edge_scores` and `EDGE_SCORES` all give `edge`, `scores`."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
-    return [word.lower() for word in re.split(r"[\s_]+", spaced) if word]
-
-
-def to_pascal_case(name: str) -> str:
-    return "".join(word[:1].upper() + word[1:] for word in _words(name)) or name
-
-
-def to_snake_case(name: str) -> str:
-    return "_".join(_words(name)) or name
 
 
 def _rename_hint(suggestion: str) -> str:

@@ -8,6 +8,7 @@ A test checks these sets against the runtime classes so the two cannot drift apa
 from __future__ import annotations
 
 import keyword
+import re
 
 # Public attributes of `soagen.runtime.Collection` and of the generated layout classes.
 COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
@@ -61,3 +62,18 @@ MODEL_ATTRIBUTES: frozenset[str] = frozenset(
 def is_python_keyword(name: str) -> bool:
     # Soft keywords (`type`, `match`, ...) are valid attribute names, so they stay allowed.
     return keyword.iskeyword(name)
+
+
+def words(name: str) -> list[str]:
+    """`edgeScores`, `EdgeScores`, `edge_scores` and `EDGE_SCORES` all give `edge`, `scores`."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
+    return [word.lower() for word in re.split(r"[\s_]+", spaced) if word]
+
+
+def to_pascal_case(name: str) -> str:
+    return "".join(word[:1].upper() + word[1:] for word in words(name)) or name
+
+
+def to_snake_case(name: str) -> str:
+    return "_".join(words(name)) or name

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from soagen.dsl.check import CLASS_BODY_BUILTINS, MODULE_BUILTINS
 from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES
 
-from .test_layout_reference import SIZES, RefMember, axis_orders
+from .test_layout_reference import SIZES, RefMember, adjacent_alike_run, axis_orders
 
 DTYPES = sorted(SIZES)
 # Every alignment the checker accepts (powers of two up to 2**20), the largest ones rarer.
@@ -266,22 +266,12 @@ def layout_cases(
 
 def _block(draw: st.DrawFn, layout: LayoutCase) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     """A random run of adjacent members of one kind, dtype and shape, and its axes."""
-    members = layout.members
-    start = draw(st.integers(0, len(members) - 1))
-    first = members[start]
-    end = start + 1
-    while (
-        end < len(members)
-        and (members[end].kind, members[end].dtype, members[end].shape)
-        == (first.kind, first.dtype, first.shape)
-        and draw(st.booleans())
-    ):
-        end += 1
-    names = tuple(m.name for m in members[start:end])
+    run = adjacent_alike_run(draw, layout.members)
+    names = tuple(m.name for m in run)
     if draw(st.booleans()):
         return names, None  # default axes
     with_c = len(names) > 1 or draw(st.booleans())
-    return names, tuple(draw(st.sampled_from(axis_orders(first.shape, with_c))))
+    return names, tuple(draw(st.sampled_from(axis_orders(run[0].shape, with_c))))
 
 
 def _layout_text(layout: LayoutCase, style: _Style) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -405,6 +406,21 @@ def test_scalars_broadcast_over_elements() -> None:
 # --- random layouts ---------------------------------------------------------------------------------
 
 
+def adjacent_alike_run(draw: st.DrawFn, members: Sequence[RefMember]) -> list[RefMember]:
+    """A random run of adjacent members of one kind, dtype and shape: what a block may bind."""
+    start = draw(st.integers(0, len(members) - 1))
+    first = members[start]
+    end = start + 1
+    while (
+        end < len(members)
+        and (members[end].kind, members[end].dtype, members[end].shape)
+        == (first.kind, first.dtype, first.shape)
+        and draw(st.booleans())
+    ):
+        end += 1
+    return list(members[start:end])
+
+
 @st.composite
 def random_layouts(
     draw: st.DrawFn,
@@ -424,19 +440,10 @@ def random_layouts(
     n = draw(st.one_of(st.integers(0, 70), st.sampled_from([1000, 4097, 10**7])))
     blocks = []
     for _ in range(draw(st.integers(0, 3))):
-        start = draw(st.integers(0, len(members) - 1))
-        first = members[start]
-        end = start + 1
-        while (
-            end < len(members)
-            and (members[end].kind, members[end].dtype, members[end].shape)
-            == (first.kind, first.dtype, first.shape)
-            and draw(st.booleans())
-        ):
-            end += 1
-        names = [m.name for m in members[start:end]]
+        run = adjacent_alike_run(draw, members)
+        names = [m.name for m in run]
         with_c = len(names) > 1 or draw(st.booleans())
-        orders = axis_orders(first.shape, with_c)
+        orders = axis_orders(run[0].shape, with_c)
         blocks.append((names, draw(st.sampled_from(orders))))
     return members, align, n, blocks
 

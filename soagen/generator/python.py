@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import keyword
-import re
 from dataclasses import dataclass
 
 import jinja2
@@ -37,6 +36,7 @@ from soagen.layout import (
     member_offsets,
     member_view,
 )
+from soagen.names import to_snake_case
 
 RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
 
@@ -338,8 +338,7 @@ _CALL_NAMES = frozenset({"self", "out", "stream", "batch_size", "object", "int",
 
 def _parameter_name(layout_name: str, taken: set[str]) -> str:
     """`EdgeScores` -> `edge_scores`, made unique and never a keyword or a name the call needs."""
-    words = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", layout_name)
-    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", words).lower()
+    name = to_snake_case(layout_name)
     while keyword.iskeyword(name) or name in _CALL_NAMES or name in taken:
         name += "_"
     taken.add(name)

@@ -74,6 +74,7 @@ class ModelBinding:
         bounds.update(index_bounds or {})
         self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
         inputs = [spec.name for spec in type(self).INPUTS]
+        self._input_position = {name: position for position, name in enumerate(inputs)}
         self.contiguous = frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
             raise BindingError(
@@ -173,7 +174,8 @@ class ModelBinding:
             sources = {name: copies[id(c)] for name, c in inputs.items()}
         views = [sources[spec.name].block(spec.block) for spec in cls.INPUTS]
         for index_name, bound_name in self.index_bounds.items():
-            _check_index_range(cls, index_name, views, bound_name, sources[bound_name].size)
+            indices = views[self._input_position[index_name]]
+            _check_index_range(cls, index_name, indices, bound_name, sources[bound_name].size)
         versions = [view._version for view in views]
         runner = self._backend.on(device)
         arguments = views
@@ -237,7 +239,7 @@ def _checked_bounds(cls: type[ModelBinding], bounds: Mapping[str, str]) -> dict[
 def _check_index_range(
     cls: type[ModelBinding],
     index_name: str,
-    views: Sequence[torch.Tensor],
+    indices: torch.Tensor,
     bound_name: str,
     bound: int,
 ) -> None:
@@ -245,8 +247,6 @@ def _check_index_range(
     not wait for it; a failure there is a device-side assert instead of a silent wild access."""
     import torch
 
-    position = [spec.name for spec in cls.INPUTS].index(index_name)
-    indices = views[position]
     if indices.numel() == 0:
         return
     message = (
