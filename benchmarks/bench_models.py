@@ -995,13 +995,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
     parser.add_argument("--no-cuda", action="store_true", help="CPU only, even with a GPU")
+    parser.add_argument("--no-cpu", action="store_true", help="CUDA only (needs a GPU)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
     parser.add_argument("--no-malloc-tuning", action="store_true")
-    parser.add_argument(
-        "--malloc-no-trim",
-        action="store_true",
-        help="experiment: never trim the heap (M_TRIM_THRESHOLD = SIZE_MAX), on top of the tuning",
-    )
     parser.add_argument("--models", default="mlp,gnn", help="comma-separated: mlp, gnn")
     parser.add_argument("--memory-probe", help=argparse.SUPPRESS)  # MODEL:N, internal
     parser.add_argument("--package", action="append", default=[], help=argparse.SUPPRESS)
@@ -1050,10 +1046,6 @@ def main(argv: list[str] | None = None) -> int:
     # call (one thread; freed memory kept in the heap), set before anything runs.
     set_cpu_threads(1, 1)
     malloc_tuned = set_malloc_tuning(not args.no_malloc_tuning)
-    if args.malloc_no_trim:
-        # soagen's threshold (1 GiB) is below the MLP's 1e7 intermediates (1.28 GB each), so
-        # freeing them trims the heap and the next call page-faults it in again; -1 is SIZE_MAX.
-        ctypes.CDLL("libc.so.6").mallopt(-1, -1)
     args.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     if args.quick:
@@ -1069,7 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
     if "aot" in backends and not has_aot_compiler():
         backends.remove("aot")
         notes.append("soagen.compile is not available: the AOT backend was skipped")
-    devices = ["cpu"]
+    devices = [] if args.no_cpu else ["cpu"]
     if torch.cuda.is_available() and not args.no_cuda:
         devices.append("cuda")
     else:
@@ -1102,7 +1094,6 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "malloc_tuning": malloc_tuned,
-            "malloc_no_trim": args.malloc_no_trim,
             "cuda": torch.cuda.get_device_name() if "cuda" in devices else None,
         },
         "settings": {"repeats": repeats, "min_sample_s": min_sample_s, "backends": backends},
@@ -1148,11 +1139,12 @@ def main(argv: list[str] | None = None) -> int:
         report["results"][device] = {model: found for model, found in results.items() if found}
         report["overhead"][device] = {model: found for model, found in overhead.items() if found}
 
-    log("per-call cost at n = 2 ...")
-    report["small_calls"] = small_calls(tools, max(repeats, 5), max(min_sample_s, 0.05))
+    if "cpu" in devices:
+        log("per-call cost at n = 2 ...")
+        report["small_calls"] = small_calls(tools, max(repeats, 5), max(min_sample_s, 0.05))
     log("generation latency and import time ...")
     report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
-    if not args.no_memory:
+    if not args.no_memory and "cpu" in devices:
         report["memory"] = {}
         cpu_packages = {k: v for k, v in tools.packages.items() if k.endswith("cpu")}
         for model in [m for m in BUILDERS if m in args.models.split(",")]:

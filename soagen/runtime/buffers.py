@@ -238,6 +238,16 @@ def _from_dlpack(obj: Any, read_only: bool) -> Adopted:
             break
         except TypeError:
             continue
+        except BufferError as error:  # NumPy < 2 refuses to export read-only arrays at all
+            if "readonly" not in str(error).lower().replace("-", ""):
+                raise UnsupportedBufferError(
+                    f"buffer is a {kind} that refused export: {error}"
+                ) from None
+            raise ReadOnlyBufferError(
+                f"buffer is a {kind} holding read-only memory, which its producer does not export "
+                f"({error}); wrap it with read_only=True through the buffer protocol (NumPy's "
+                f"array itself), or from a producer that marks it read-only (DLPack >= 1.0)"
+            ) from None
     if capsule is None:
         raise UnsupportedBufferError(
             f"buffer is a {kind} whose __dlpack__ accepts no known arguments"

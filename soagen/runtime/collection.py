@@ -117,6 +117,10 @@ class _Memory:
                     data = np.from_dlpack(self.buffer)
                 except (BufferError, RuntimeError, TypeError, ValueError):
                     data = self.buffer.numpy()  # a producer NumPy does not take (pinned memory?)
+                if not data.flags.writeable and not self.read_only:
+                    # NumPy < 2 marks every DLPack import read-only; Tensor.numpy() would record
+                    # an aten::to. The array interface shares the memory and keeps the tensor alive.
+                    data = np.asarray(_HostBytes(self.buffer))
             if self.read_only and nbytes:
                 # NumPy lets anyone set `writeable = True` again on a view whose memory is writable at
                 # its root; rooting the views in a read-only memoryview stops that.
@@ -128,6 +132,19 @@ class _Memory:
                 data.flags.writeable = False
             self.numpy_cache = data
         return self.numpy_cache
+
+
+class _HostBytes:
+    """A CPU uint8 tensor's memory through NumPy's array interface; NumPy holds it as the base."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self.buffer = buffer
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (buffer.numel(),),
+            "typestr": "|u1",
+            "data": (buffer.data_ptr(), False),
+        }
 
 
 def _numpy_dtype(dtype: str) -> numpy.dtype[typing.Any]:

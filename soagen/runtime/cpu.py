@@ -8,7 +8,7 @@ intra-op and inter-op thread counts become 1 unless the process chose otherwise,
 Memory: glibc's malloc gives large freed blocks back to the OS at once, so a model's intermediates
 are page-faulted in again on every call (62.5k faults per call for a small MLP at n = 1e6). Keeping
 them in the heap, as `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...` would, halved that model's time
-here. soagen applies the same through `mallopt` on glibc (never on other C libraries); the price is
+here (and removed every fault: 625k per call for the same MLP at n = 1e7). soagen applies the same through `mallopt` on glibc (never on other C libraries); the price is
 that the process keeps its peak heap. `SOAGEN_MALLOC_TUNING=0` or `set_malloc_tuning(False)` opts out.
 """
 
@@ -26,7 +26,10 @@ MALLOC_VARIABLE = "SOAGEN_MALLOC_TUNING"
 # mallopt parameters, from glibc's malloc.h.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_TRIM_THRESHOLD = 1 << 30  # the largest glibc takes as an int that means "keep freed memory"
+# glibc casts the int to size_t: -1 means "never trim". A finite threshold (even 1 GiB) is
+# below a large model's intermediates (1.28 GB each for an MLP at n = 1e7), which were then
+# handed back and page-faulted in again on every call.
+_TRIM_THRESHOLD = -1
 
 _lock = threading.Lock()
 _configured = False

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,15 @@ class BlockSpec:
     dtype: str
     axes: tuple[str, ...]  # `n`, `c` or an array extent, in tensor order
     view: Callable[[int], StridedView]  # closed-form geometry for n elements
+    # Collections look views up by block on every model call: hash the fields once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = (self.name, self.layout, self.members, self.dtype, self.axes, self.view)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True, slots=True)
