@@ -229,6 +229,7 @@ class AotBackend(Backend):
     """An AOTInductor package made by `soagen compile` for this binding, loaded per device."""
 
     kind = "aot"
+    records_autograd = False  # the package's C++ runner never builds autograd graphs
 
     def __init__(self, path: Path, binding: type[ModelBinding]) -> None:
         metadata = read_metadata(path)

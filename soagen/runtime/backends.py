@@ -42,6 +42,9 @@ class Backend(abc.ABC):
     """Runs one model; builds and caches a runner per device."""
 
     kind: typing.ClassVar[str]
+    # Whether running it from Python could record autograd history: calls then run under
+    # `torch.inference_mode()`, whose enter and exit cost a few microseconds per call.
+    records_autograd: typing.ClassVar[bool] = True
 
     def __init__(self, description: str) -> None:
         self.description = description
@@ -163,6 +166,8 @@ def _module_on(module: torch.nn.Module, device: torch.device) -> Callable[..., o
 
 def load_backend(model: object, *, kind: str | None, binding: type[ModelBinding]) -> Backend:
     """The backend for a model object or file; `kind` forces one of `KINDS`."""
+    if isinstance(model, Backend) and kind is None:
+        return model  # made by the caller: a remote binding's, say (`soagen.serving.client`)
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"backend must be one of {', '.join(KINDS)}; got {kind!r}")
     if isinstance(model, (str, os.PathLike)):

@@ -37,6 +37,7 @@ if typing.TYPE_CHECKING:
     from soagen.runtime.collection import Collection
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
+_NO_GUARD = contextlib.nullcontext()
 
 
 class ModelBinding:
@@ -257,7 +258,7 @@ class ModelBinding:
                 view.contiguous() if spec.name in self.contiguous else view
                 for spec, view in zip(cls.INPUTS, views, strict=True)
             ]
-        with torch.inference_mode():
+        with torch.inference_mode() if self._backend.records_autograd else _NO_GUARD:
             results = _as_outputs(cls, runner(arguments))
             for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
                 if view._version != version and not self.protect_inputs:
@@ -320,33 +321,43 @@ def _check_index_range(
 ) -> None:
     """Indices must lie in [0, bound). On CUDA the check is queued on the stream, so the host does
     not wait for it; a failure there is a device-side assert instead of a silent wild access."""
-    import torch
-
-    if indices.numel() == 0:
-        return
-    message = (
-        f"{cls.NAME}: input {index_name!r} holds indices outside [0, {bound}), the elements of "
-        f"{bound_name!r}; the model was not run"
-    )
-    if indices.device.type == "cuda":
-        # CUDA comparisons cover the signed types; a uint64 seen as int64 turns every value past
-        # 2**63 negative (out of range either way), narrower unsigned types widen exactly.
-        if indices.dtype == torch.uint64:
-            indices = indices.view(torch.int64)
-        elif indices.dtype in (torch.uint16, torch.uint32):
-            indices = indices.to(torch.int64)
-        torch._assert_async(((indices >= 0) & (indices < bound)).all(), message)
+    if indices.is_cuda:
+        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
         return
     # NumPy reduces every integer dtype, unsigned included, over strided views; two passes of it
     # beat one `torch.aminmax` (about 2x at 1e6 elements) and cost less per call at small n.
     values = indices.numpy()
-    if values.size <= 64:  # a few values: plain Python beats two reductions' fixed cost
+    if values.size > 64:
+        low, high = int(values.min()), int(values.max())
+    elif values.size:  # a few values: plain Python beats two reductions' fixed cost
         flat = values.ravel().tolist()
         low, high = min(flat), max(flat)
     else:
-        low, high = int(values.min()), int(values.max())
+        return
     if low < 0 or high >= bound:
+        message = _index_message(cls, index_name, bound_name, bound)
         raise IndexRangeError(f"{message} (values {low}..{high})")
+
+
+def _index_message(cls: type[ModelBinding], index_name: str, bound_name: str, bound: int) -> str:
+    return (
+        f"{cls.NAME}: input {index_name!r} holds indices outside [0, {bound}), the elements of "
+        f"{bound_name!r}; the model was not run"
+    )
+
+
+def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
+    import torch
+
+    if indices.numel() == 0:
+        return
+    # CUDA comparisons cover the signed types; a uint64 seen as int64 turns every value past
+    # 2**63 negative (out of range either way), narrower unsigned types widen exactly.
+    if indices.dtype == torch.uint64:
+        indices = indices.view(torch.int64)
+    elif indices.dtype in (torch.uint16, torch.uint32):
+        indices = indices.to(torch.int64)
+    torch._assert_async(((indices >= 0) & (indices < bound)).all(), message)
 
 
 def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
