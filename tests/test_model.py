@@ -230,6 +230,24 @@ def test_wrong_collections_are_refused(mlp_module) -> None:  # type: ignore[no-u
         model(points, out=scores.to("meta"))
 
 
+def test_wrong_collections_are_refused_after_good_calls(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    # Checks are remembered per combination of collection classes: a good call must not let a
+    # later wrong one through, in either argument order.
+    model = mlp_module.Mlp(Linear32())
+    points, scores = _points(mlp_module, 4), mlp_module.Scores.allocate(4)
+    model(points, out=scores)
+    model.run({"points": points}, {"scores": scores})
+    with pytest.raises(BindingError, match="Mlp.points binds Points, got Scores"):
+        model(scores, out=scores)
+    with pytest.raises(BindingError, match="Mlp.scores binds Scores, got Points"):
+        model(points, out=points)
+    with pytest.raises(BindingError, match="inputs points; got scores"):
+        model.run({"scores": points}, {"points": scores})
+    with pytest.raises(BindingError, match="one device"):
+        model(points, out=scores.to("meta"))
+    model(points, out=scores)
+
+
 def test_generated_call_is_typed(mlp_module) -> None:  # type: ignore[no-untyped-def]
     import inspect
 
