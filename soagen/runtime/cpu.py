@@ -8,8 +8,15 @@ intra-op and inter-op thread counts become 1 unless the process chose otherwise,
 Memory: glibc's malloc gives large freed blocks back to the OS at once, so a model's intermediates
 are page-faulted in again on every call (62.5k faults per call for a small MLP at n = 1e6). Keeping
 them in the heap, as `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...` would, halved that model's time
-here (and removed every fault: 625k per call for the same MLP at n = 1e7). soagen applies the same through `mallopt` on glibc (never on other C libraries); the price is
-that the process keeps its peak heap. `SOAGEN_MALLOC_TUNING=0` or `set_malloc_tuning(False)` opts out.
+here, and removed every fault (625k per call for the same MLP at n = 1e7). Threads other than the
+main one allocate from arenas of their own, whose heaps hold at most 64 MiB: larger blocks are mapped
+and unmapped per call whatever the settings (the MLP at 1e6 from a worker thread: 64k faults and 2.7x
+the time per call), so the tuning also keeps threads on the main arena (`M_ARENA_MAX` 1). soagen
+applies all three through `mallopt` on glibc (never on other C libraries), at the first CPU call;
+threads that allocated before that keep their arenas (`MALLOC_ARENA_MAX=1` in the environment covers
+them). The price: the process keeps its peak heap, and threads share one arena (glibc's per-thread
+caches serve small blocks without its lock). `SOAGEN_MALLOC_TUNING=0` or `set_malloc_tuning(False)`
+opts out.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ MALLOC_VARIABLE = "SOAGEN_MALLOC_TUNING"
 # mallopt parameters, from glibc's malloc.h.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 # glibc casts the int to size_t: -1 means "never trim". A finite threshold (even 1 GiB) is
 # below a large model's intermediates (1.28 GB each for an MLP at n = 1e7), which were then
 # handed back and page-faulted in again on every call.
@@ -81,7 +89,8 @@ def set_malloc_tuning(enabled: bool = True) -> bool:
             mallopt = ctypes.CDLL("libc.so.6").mallopt
         except (OSError, AttributeError):
             return False
-        return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+        settings = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_ARENA_MAX, 1))
+        return all([bool(mallopt(parameter, value)) for parameter, value in settings])
 
 
 def ensure_cpu_settings() -> None:
@@ -89,6 +98,12 @@ def ensure_cpu_settings() -> None:
     if not _configured:
         intra_op, inter_op = _from_environment(os.environ.get(ENVIRONMENT_VARIABLE, ""))
         set_cpu_threads(intra_op, inter_op)
+    ensure_malloc_tuning()
+
+
+def ensure_malloc_tuning() -> None:
+    """Apply the malloc tuning once (unless the environment or the process opted out): at the first
+    CPU call, or earlier, before a server starts the threads that will run models."""
     if not _malloc_decided:
         setting = os.environ.get(MALLOC_VARIABLE, "1").strip().lower()
         if setting not in ("0", "1", "off", "on", "false", "true", ""):
