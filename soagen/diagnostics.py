@@ -73,6 +73,7 @@ CODES: dict[str, str] = {
     "SOA306": "a block mixes columns and scalars",
     "SOA307": "the axis list does not match the block",
     "SOA308": "two models declare different blocks under one name on the same layout",
+    "SOA309": "an output block holds scalars, which cannot take one value per element",
     "SOA401": "an imported file does not exist",
     "SOA402": "imports form a cycle",
     "SOA403": "a name is declared in two files",

@@ -76,9 +76,10 @@ IDENTIFIERS = st.one_of(
     st.sampled_from(TRICKY_NAMES),
     st.from_regex(re.compile(r"[A-Za-z][A-Za-z0-9_]{0,12}"), fullmatch=True),
 )
-# Names of at most 16 characters: generated code stays in `ruff format` style only for names short
-# enough that no line holding one needs splitting (see the README's reliability section).
-SHORT_IDENTIFIERS = IDENTIFIERS.filter(lambda name: len(name) <= 16)
+# Names of 40 to 120 characters, mixed with the others: most lines holding one need splitting.
+LONG_IDENTIFIERS = st.one_of(
+    st.from_regex(re.compile(r"[A-Za-z][A-Za-z0-9_]{39,119}"), fullmatch=True), IDENTIFIERS
+)
 
 # Doc comment text: anything on one line. A lone `\r` is kept out: the parser reads it as a line end.
 HOSTILE_DOCS = [
@@ -264,9 +265,13 @@ def layout_cases(
     return LayoutCase(name, align, position, tuple(statements), _docs(draw, sentinel), file)
 
 
-def _block(draw: st.DrawFn, layout: LayoutCase) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-    """A random run of adjacent members of one kind, dtype and shape, and its axes."""
-    run = adjacent_alike_run(draw, layout.members)
+def _block(
+    draw: st.DrawFn, layout: LayoutCase, direction: str
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A random run of adjacent members of one kind, dtype and shape, and its axes; outputs take
+    columns only (a scalar holds one value per collection, not one per element: SOA309)."""
+    kinds = ("column",) if direction == "output" else ("column", "scalar")
+    run = adjacent_alike_run(draw, layout.members, kinds)
     names = tuple(m.name for m in run)
     if draw(st.booleans()):
         return names, None  # default axes
@@ -333,14 +338,13 @@ def valid_schemas(
     sentinel: str = "/nonexistent/soagen-sentinel",
     max_layouts: int = 3,
     max_models: int = 2,
-    long_names: bool = True,
+    names: st.SearchStrategy[str] = IDENTIFIERS,
 ) -> SchemaCase:
     """A valid schema, sometimes over two files (`schema.soa` importing `dep.soa`).
 
     Hostile doc comments name `sentinel` as the file they would create if their text ran as code.
-    `long_names=False` keeps names to 16 characters.
+    `names` draws the names of layouts, members, models and bindings.
     """
-    names = IDENTIFIERS if long_names else SHORT_IDENTIFIERS
     taken: set[str] = set()
     split = draw(st.booleans())
     count = draw(st.integers(2 if split else 1, max_layouts))
@@ -350,7 +354,9 @@ def valid_schemas(
         layouts.append(draw(layout_cases(taken, file, sentinel, names=names)))
     binding_names: set[str] = set()
     models = []
-    for _ in range(draw(st.integers(0, max_models))):
+    with_columns = [layout for layout in layouts if any(m.kind == "column" for m in layout.members)]
+    # Every model has an output, and outputs bind columns.
+    for _ in range(draw(st.integers(0, max_models if with_columns else 0))):
         name = _unique(draw, taken, LAYOUT_RESERVED, names)
         bindings = []
         local: set[str] = set()
@@ -358,8 +364,8 @@ def valid_schemas(
         directions += draw(st.lists(st.sampled_from(["input", "output"]), max_size=2))
         directions = draw(st.permutations(directions))
         for direction in directions:
-            layout = draw(st.sampled_from(layouts))
-            members, axes = _block(draw, layout)
+            layout = draw(st.sampled_from(with_columns if direction == "output" else layouts))
+            members, axes = _block(draw, layout, direction)
             # Binding names are unique over the whole schema: one name, one block per layout.
             binding_name = _unique(draw, binding_names, BINDING_RESERVED, names)
             local.add(binding_name)

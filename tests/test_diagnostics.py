@@ -209,6 +209,12 @@ CASES = [
     ),
     (
         "SOA108",
+        "layout \u2038annotations {\n    column float32 x\n}\n",
+        ["`annotations`", "generated code"],
+        [],
+    ),
+    (
+        "SOA108",
         "layout A {\n    column float32 x, \u2038staticmethod\n}\n",
         ["`staticmethod`", "generated code"],
         [],
@@ -406,6 +412,15 @@ CASES = [
         "    output b = A{x}\n}\n",
         ["`a` names two different blocks of `A`"],
         ["another name"],
+    ),
+    # A scalar is one value per collection: its view over n has stride 0, so an output block of
+    # scalars would write every element's value to one place.
+    (
+        "SOA309",
+        "layout Params {\n    scalar float32 p, q\n    column float32 v\n}\nmodel M {\n"
+        "    input v = Params{v}\n    output pq = Params{\u2038p, q} as [n, c]\n}\n",
+        ["output `pq`", "scalar `p`", "one value per collection"],
+        ["column"],
     ),
 ]
 
@@ -673,6 +688,23 @@ def test_same_block_written_with_or_without_default_axes(tmp_path: Path) -> None
     assert result.schema is not None
     axes = [b.axes for b in result.schema.root.models[0].bindings]
     assert axes[1] is not None and [a.text for a in axes[1]] == ["n", "3"]
+
+
+def test_scalar_blocks_are_inputs_only(tmp_path: Path) -> None:
+    """Scalars broadcast as inputs; as outputs they are refused at the block's first member, and a
+    block mixing kinds keeps its SOA306 alone."""
+    layout = "layout P {\n    scalar float32 p, q\n    column float32 v\n}\n"
+    valid = layout + "model M {\n    input pq = P{p, q} as [c, n]\n    output v = P{v}\n}\n"
+    assert load_text(tmp_path, valid).schema is not None
+    single = layout + "model M {\n    input v = P{v}\n    output q = P{\u2038q}\n}\n"
+    source, line, column = marked(single)
+    diagnostic = only(load_text(tmp_path, source))
+    assert diagnostic.code == "SOA309"
+    span = diagnostic.span
+    assert (span.line, span.column) == (line, column)
+    assert (span.end_line, span.end_column) == (line, column + 1)  # the member `q`
+    mixed = layout + "model M {\n    input v = P{v}\n    output qv = P{q, v}\n}\n"
+    assert only(load_text(tmp_path, mixed)).code == "SOA306"
 
 
 def test_unknown_dtype_is_reported_once(tmp_path: Path) -> None:

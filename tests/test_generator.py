@@ -127,7 +127,8 @@ def test_hostile_doc_comments_stay_inert(tmp_path: Path) -> None:
     paths = generate_package(schema, tmp_path, "pkg_hostile")
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import pkg_hostile.hostile as m;"
-        "print(repr(m.Weird.__doc__)); print(repr(m.__doc__)); print(m.Weird.MEMBERS[1].name)"
+        "print(repr(m.Weird.__doc__)); print(repr(m.__doc__));"
+        "print(repr(m.Sneaky.__call__.__doc__)); print(m.Weird.MEMBERS[1].name)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True
@@ -137,6 +138,7 @@ def test_hostile_doc_comments_stay_inert(tmp_path: Path) -> None:
     assert "pwned" not in result.stdout.splitlines()
     assert result.stdout.splitlines()[-1] == "type"
     assert "injected" in result.stdout
+    assert 'escaped too: """; raise SystemExit("injected") #' in result.stdout  # a binding's doc
     assert '""" also here """' not in paths["hostile"].read_text().split("class Weird")[0]
     module = import_generated(tmp_path, "pkg_hostile", "hostile")
     assert 'raise SystemExit("injected")' in module.Weird.__doc__

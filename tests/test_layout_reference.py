@@ -406,9 +406,12 @@ def test_scalars_broadcast_over_elements() -> None:
 # --- random layouts ---------------------------------------------------------------------------------
 
 
-def adjacent_alike_run(draw: st.DrawFn, members: Sequence[RefMember]) -> list[RefMember]:
-    """A random run of adjacent members of one kind, dtype and shape: what a block may bind."""
-    start = draw(st.integers(0, len(members) - 1))
+def adjacent_alike_run(
+    draw: st.DrawFn, members: Sequence[RefMember], kinds: Sequence[str] = ("column", "scalar")
+) -> list[RefMember]:
+    """A random run of adjacent members of one kind, dtype and shape: what a block may bind; its
+    kind is one of `kinds` (outputs bind only columns), which some member must have."""
+    start = draw(st.sampled_from([i for i, member in enumerate(members) if member.kind in kinds]))
     first = members[start]
     end = start + 1
     while (

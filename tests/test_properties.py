@@ -131,11 +131,15 @@ def _as_parsed(text: str) -> str:
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(module_doc=DOC_TEXT, layout_doc=DOC_TEXT, member_doc=DOC_TEXT)
-def test_doc_comments_cannot_inject_code(module_doc: str, layout_doc: str, member_doc: str) -> None:
+@given(module_doc=DOC_TEXT, layout_doc=DOC_TEXT, member_doc=DOC_TEXT, binding_doc=DOC_TEXT)
+def test_doc_comments_cannot_inject_code(
+    module_doc: str, layout_doc: str, member_doc: str, binding_doc: str
+) -> None:
     source = (
         f"//!{module_doc}\n///{layout_doc}\nlayout Hits {{\n"
         f"    ///{member_doc}\n    column float32 x\n}}\n"
+        f"model Fit {{\n    input x = Hits{{x}}\n"
+        f"    ///{binding_doc}\n    output y = Hits{{x}}\n}}\n"
     )
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "hits.soa"
@@ -145,11 +149,16 @@ def test_doc_comments_cannot_inject_code(module_doc: str, layout_doc: str, membe
         (module_source,) = generate(result.schema).values()
     namespace: dict[str, object] = {"__name__": "hits_generated"}
     exec(compile(module_source, "hits_generated.py", "exec"), namespace)  # noqa: S102
-    hits = namespace["Hits"]
-    assert isinstance(hits, type)
+    hits, fit = namespace["Hits"], namespace["Fit"]
+    assert isinstance(hits, type) and isinstance(fit, type)
     # `////` is a plain comment, not a doc comment (as in Rust).
     layout_doc = "" if layout_doc.startswith("/") else layout_doc
-    for doc, holder in ((layout_doc, hits.__doc__), (module_doc, namespace["__doc__"])):
+    binding_doc = "" if binding_doc.startswith("/") else binding_doc
+    for doc, holder in (
+        (layout_doc, hits.__doc__),
+        (module_doc, namespace["__doc__"]),
+        (binding_doc, fit.__call__.__doc__),
+    ):
         expected = _as_parsed(doc).strip("\n")
         if expected.strip():
             assert isinstance(holder, str) and expected.strip() in holder

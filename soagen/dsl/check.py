@@ -1,7 +1,8 @@
 """Semantic checks. Each pass takes IR and returns diagnostics; none raises, so a run reports every problem.
 
 Passes, in order: names (reserved words, duplicates), layouts (dtypes, shapes, alignment), models
-(layouts and members exist, blocks are zero-copy, axis lists match). The loader adds the import checks.
+(layouts and members exist, blocks are zero-copy, axis lists match, outputs are columns). The loader
+adds the import checks.
 """
 
 from __future__ import annotations
@@ -9,15 +10,28 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from soagen.diagnostics import Diagnostic, Span, did_you_mean
-from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind, Model, SchemaFile
+from soagen.dsl.ir import (
+    AxisKind,
+    Binding,
+    Direction,
+    Layout,
+    Member,
+    MemberKind,
+    Model,
+    SchemaFile,
+)
 from soagen.dtypes import DTYPE_SPELLINGS, DTYPES
 from soagen.layout import block_axes, default_axes
 from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES, is_python_keyword
 
-# Builtins the generated module calls or names in annotations. A layout or model class of that name
-# would shadow them for the whole module (`class property` breaks every later `@property`); a member
-# of that name does the same inside its class body, which uses the two decorators.
-MODULE_BUILTINS = frozenset({"dict", "int", "property", "staticmethod", "str", "tuple"})
+# Builtins the generated module calls or names in annotations, and the `annotations` that its
+# `from __future__ import annotations` binds (mypy refuses a class redefining it). A layout or model
+# class of that name would shadow them for the whole module (`class property` breaks every later
+# `@property`); a member of that name does the same inside its class body, which uses the two
+# decorators.
+MODULE_BUILTINS = frozenset(
+    {"annotations", "dict", "int", "property", "staticmethod", "str", "tuple"}
+)
 CLASS_BODY_BUILTINS = frozenset({"property", "staticmethod"})
 
 # Beyond these the generated arithmetic still works, but such a schema is a typo, not a design.
@@ -311,6 +325,18 @@ def _check_block(binding: Binding, layout: Layout) -> list[Diagnostic]:
         )
     if not problems:
         problems += _check_axes(binding, first)
+    if binding.direction is Direction.OUTPUT and first.kind is MemberKind.SCALAR:
+        # A scalar's view over n has stride 0: every element's output would land on one value.
+        problems.append(
+            Diagnostic(
+                "SOA309",
+                f"output `{binding.name}` binds scalar `{first.name}`, which holds one value per "
+                "collection, not one per element",
+                binding.member_spans[0],
+                f"declare the outputs as columns (`column {first.dtype_name} {block_text}`); "
+                "scalars can only be inputs",
+            )
+        )
     return problems
 
 

@@ -18,9 +18,14 @@ from soagen.dsl.pretty import linear_text, stride_text
 from soagen.generator.pyformat import (
     INDENT,
     Call,
+    Expression,
+    Parenthesized,
+    Subscript,
     assignment,
+    class_header,
     comment_text,
     docstring,
+    function_header,
     import_from,
     render,
     string_literal,
@@ -51,11 +56,23 @@ class Function:
     definitions: tuple[str, ...]
     body: tuple[str, ...]  # lines of the return statement, indented
 
+    @property
+    def header(self) -> str:
+        return function_header(self.name, ["n: int"], self.returns, INDENT)
+
 
 @dataclass(frozen=True, slots=True)
 class Accessor:
     name: str
     doc: str
+
+    @property
+    def header(self) -> str:
+        return function_header(self.name, ["self"], "_torch.Tensor", INDENT)
+
+    @property
+    def body(self) -> str:
+        return render(Call("self._member", (string_literal(self.name),)), INDENT * 2, "return ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +84,10 @@ class LayoutModel:
     blocks: tuple[str, ...]
     accessors: tuple[Accessor, ...]
 
+    @property
+    def header(self) -> str:
+        return class_header(self.name, f"{RUNTIME}.Collection")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelModel:
@@ -77,6 +98,10 @@ class ModelModel:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     call: tuple[str, ...]  # the typed `__call__` method, line by line
+
+    @property
+    def header(self) -> str:
+        return class_header(self.name, f"{RUNTIME}.ModelBinding")
 
 
 class _Symbols:
@@ -127,7 +152,9 @@ def _dict_body(entries: list[tuple[str, str | Call]]) -> tuple[str, ...]:
     """`return {key: value, ...}`, one entry per line."""
     lines = [f"{_BODY}return {{"]
     for key, value in entries:
-        lines.append(render(value, _BODY + INDENT, prefix=f"{string_literal(key)}: ", suffix=","))
+        # A sum (`2 * pitch_4 + 128`) after a long key breaks inside parentheses.
+        shown = Parenthesized(value) if isinstance(value, str) and " " in value else value
+        lines.append(render(shown, _BODY + INDENT, prefix=f"{string_literal(key)}: ", suffix=","))
     lines.append(f"{_BODY}}}")
     return tuple(lines)
 
@@ -301,7 +328,9 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
     for binding in model.bindings:
         layout = schema.layouts[binding.layout_name]
         if binding.layout_name in local_layouts:
-            block: str | Call = f"{binding.layout_name}.BLOCKS[{string_literal(binding.name)}]"
+            block: Expression = Subscript(
+                f"{binding.layout_name}.BLOCKS", (string_literal(binding.name),)
+            )
         else:
             # A layout from another file: its class knows only the blocks of its own file.
             function_name = f"_view_{binding.name}"
@@ -358,18 +387,22 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         dict.fromkeys(b.layout_name for b in model.bindings if b.direction.value == "output")
     )
     parameters = {layout: _parameter_name(layout, taken) for layout in inputs}
+    out_type: Expression
+    out_of: dict[str, Expression]
     if len(outputs) == 1:
         out_type = outputs[0]
         out_of = {outputs[0]: "out"}
     else:
-        out_type = f"tuple[{', '.join(outputs)}]"
-        out_of = {layout: f"out[{position}]" for position, layout in enumerate(outputs)}
+        out_type = Subscript("tuple", tuple(outputs))
+        out_of = {
+            layout: Subscript("out", (str(position),)) for position, layout in enumerate(outputs)
+        }
     lines = [
         f"{INDENT}def __call__(",
         f"{body}self,",
         *(f"{body}{parameters[layout]}: {layout}," for layout in inputs),
         f"{body}*,",
-        f"{body}out: {out_type},",
+        render(out_type, body, "out: ", ","),
         f"{body}stream: object | None = None,",
         f"{body}batch_size: int | None = None,",
         f"{INDENT}) -> None:",
@@ -381,6 +414,8 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         axes = ", ".join(block_axes(b, first))
         members = ", ".join(b.member_names)
         bound.append(f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]")
+        # The binding's `///` doc, indented under its line as a member's doc follows its summary.
+        bound += [f"{INDENT}{line}" for line in (b.doc.split("\n") if b.doc else [])]
     doc = (
         f"Run {model.name} on zero-copy views of the inputs; write its outputs into `out`.\n\n"
         + "\n".join(bound)
@@ -393,8 +428,8 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         lines.append(f"{body}{INDENT}{{")
         for b in model.bindings:
             if b.direction.value == direction:
-                entry = f"{string_literal(b.name)}: {collections[b.layout_name]},"
-                lines.append(f"{body}{INDENT * 2}{entry}")
+                key = f"{string_literal(b.name)}: "
+                lines.append(render(collections[b.layout_name], body + INDENT * 2, key, ","))
         lines.append(f"{body}{INDENT}}},")
     lines += [
         f"{body}{INDENT}stream=stream,",

@@ -131,6 +131,8 @@ class Sneaky(_soagen.ModelBinding):
         """Run Sneaky on zero-copy views of the inputs; write its outputs into `out`.
 
         input values: Weird{value} as [n]
+            Binding docs are escaped too: \"\"\"; raise SystemExit(\"injected\") #
+                indented, with a trailing backslash \\
         output out: Weird{value} as [n]
 
         `stream`: a CUDA stream instead of the current one.
