@@ -7,11 +7,12 @@ missing paths). Nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import soagen
@@ -45,11 +46,82 @@ EXAMPLES = {
     "completion": "source <(soagen completion bash)\n"
     "  soagen completion zsh > ~/.zfunc/_soagen\n"
     "  soagen completion fish > ~/.config/fish/completions/soagen.fish",
+    "triton": "soagen triton schemas/gnn.soa --model EdgeClassifier "
+    "--factory examples/gnn_model.py:build_model --output-size edge_scores=edge_features "
+    "-o model_repository",
+    "serve": "soagen serve schemas/gnn.soa --model EdgeClassifier "
+    "--factory examples/gnn_model.py:build_model --grpc-port 8001 --token-file token.txt",
 }
 
 
 class UsageError(Exception):
     pass
+
+
+def path_argument(text: str) -> str:
+    """argparse `type` of every path argument: `Path("")` is the current folder, so an empty
+    argument (an unset shell variable, say) would quietly mean every schema there, or write there.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError('empty path (write "." for the current folder)')
+    return text
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model_help: str,
+    source: str = "schema",
+    source_help: str = "the .soa file declaring the model",
+) -> None:
+    """The schema (positional) and `--model NAME` of a command that works on one model."""
+    parser.add_argument(source, type=path_argument, metavar="SCHEMA", help=source_help)
+    parser.add_argument("--model", required=True, metavar="NAME", help=model_help)
+
+
+def add_factory_argument(parser: argparse._ActionsContainer, *, required: bool = False) -> None:
+    parser.add_argument(
+        "--factory",
+        required=required,
+        metavar="FILE.py:FUNCTION",
+        help="a function that takes no arguments and returns the torch.nn.Module",
+    )
+
+
+def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default: str) -> None:
+    """`--index INDEX=BOUND` (repeatable); `checked`: when the indices are checked, if they are."""
+    parser.add_argument(
+        "--index",
+        action="append",
+        default=[],
+        metavar="INDEX=BOUND",
+        help="integer input INDEX holds element numbers of input BOUND's collection"
+        + (f"; checked {checked}" if checked else "")
+        + f" (repeatable; default: {default})",
+    )
+
+
+def command_failed(error: Exception, output: _Output, *, usage: bool) -> int:
+    """A command's own error: a usage error (exit 2) for a wrong argument, else reported (as JSON
+    with --format json) with EXIT_PROBLEMS."""
+    if usage:
+        raise UsageError(str(error)) from None
+    if output.format == "json":
+        print(json.dumps({"error": str(error)}))
+    else:
+        print(f"soagen: error: {error}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+@contextlib.contextmanager
+def needs_torch(message: str) -> Iterator[None]:
+    """Imports of a command that needs torch: without torch, a usage error `message`."""
+    try:  # torch is imported there only: the other commands run without it
+        yield
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        raise UsageError(message) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,14 +161,23 @@ def _parser() -> argparse.ArgumentParser:
 
     generate = command("generate", "generate Python modules from schemas (the default command)")
     generate.add_argument(
-        "schemas", nargs="+", metavar="SCHEMA", help=".soa files or folders of them"
+        "schemas",
+        nargs="+",
+        type=path_argument,
+        metavar="SCHEMA",
+        help=".soa files or folders of them",
     )
     generate.add_argument(
-        "-o", "--out", default=DEFAULT_OUT, metavar="DIR", help="output folder (default generated)"
+        "-o",
+        "--out",
+        default=DEFAULT_OUT,
+        type=path_argument,
+        metavar="DIR",
+        help="output folder (default generated)",
     )
 
     show = command("show", "print the byte layout of every collection for n elements")
-    show.add_argument("schema", metavar="SCHEMA", help="a .soa file")
+    show.add_argument("schema", type=path_argument, metavar="SCHEMA", help="a .soa file")
     show.add_argument("--size", "-n", type=int, metavar="N", help="number of elements")
     show.add_argument(
         "--ir",
@@ -109,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         "schemas",
         nargs="*",
         default=["schemas"],
+        type=path_argument,
         metavar="SCHEMA",
         help="files or folders (default schemas)",
     )
@@ -116,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--out",
         default=DEFAULT_OUT,
+        type=path_argument,
         metavar="DIR",
         help="folder of generated modules (default generated)",
     )
@@ -127,32 +210,32 @@ def _parser() -> argparse.ArgumentParser:
         "compile",
         "compile a model ahead of time (AOTInductor) into a .pt2 package for its binding",
     )
-    compile_.add_argument("schema", metavar="SCHEMA", help="the .soa file declaring the model")
-    compile_.add_argument("--model", required=True, metavar="NAME", help="the model to bind")
-    compile_.add_argument(
-        "--factory",
-        required=True,
-        metavar="FILE.py:FUNCTION",
-        help="a function that takes no arguments and returns the torch.nn.Module",
-    )
+    add_model_arguments(compile_, model_help="the model to bind")
+    add_factory_argument(compile_, required=True)
     compile_.add_argument(
         "--device", default="cpu", help="cpu or cuda[:INDEX], where it will run (default cpu)"
     )
     compile_.add_argument(
-        "-o", "--output", required=True, metavar="FILE.pt2", help="the package to write"
+        "-o",
+        "--output",
+        required=True,
+        type=path_argument,
+        metavar="FILE.pt2",
+        help="the package to write",
     )
-    compile_.add_argument(
-        "--index",
-        action="append",
-        default=[],
-        metavar="INDEX=BOUND",
-        help="integer input INDEX holds element numbers of input BOUND's collection; checked "
-        "before each run (repeatable; default: the factory module's INDEX_BOUNDS)",
+    add_index_argument(
+        compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
     )
 
     from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
 
     add_commands(command)
+    from soagen.triton.command import add_command as add_triton
+
+    add_triton(command)
+    from soagen.serving.command import add_command as add_serve
+
+    add_serve(command)
     return parser
 
 
@@ -459,12 +542,8 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
         raise UsageError("compile takes one .soa file")
     if output.add(load(paths[0])) is None:
         return EXIT_PROBLEMS
-    try:  # torch is imported here only: the other commands run without it
+    with needs_torch("compile needs torch: pip install 'soagen[torch]'"):
         from soagen.compile import CompileError, compile_model, parse_index_bounds
-    except ModuleNotFoundError as error:
-        if error.name != "torch":
-            raise
-        raise UsageError("compile needs torch: pip install 'soagen[torch]'") from None
 
     def progress(line: str) -> None:
         print(f"soagen compile: {line}", file=sys.stderr, flush=True)
@@ -481,13 +560,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             progress=progress,
         )
     except CompileError as error:
-        if error.usage:
-            raise UsageError(str(error)) from None
-        if output.format == "json":
-            print(json.dumps({"error": str(error)}))
-        else:
-            print(f"soagen: error: {error}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return command_failed(error, output, usage=error.usage)
     seconds = time.perf_counter() - start
     size = path.stat().st_size
     if output.format == "json":
@@ -522,6 +595,24 @@ def _tooling(name: str) -> Callable[[argparse.Namespace, _Output], int]:
 
 
 COMMANDS.update({name: _tooling(name) for name in ("lint", "fmt", "breaking", "completion")})
+
+
+def _triton(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.triton.command import run  # `soagen triton` lives in soagen.triton
+
+    return run(args, output)
+
+
+COMMANDS["triton"] = _triton
+
+
+def _serve(args: argparse.Namespace, output: _Output) -> int:
+    from soagen.serving.command import run  # `soagen serve` lives in soagen.serving
+
+    return run(args, output)
+
+
+COMMANDS["serve"] = _serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:

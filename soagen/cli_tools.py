@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths
+from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths, path_argument
 from soagen.diagnostics import Diagnostic, render_github, render_text, to_json_object
 
 CommandFactory = Callable[..., argparse.ArgumentParser]
@@ -34,6 +34,7 @@ def add_commands(factory: CommandFactory) -> None:
         "schemas",
         nargs="*",
         default=["schemas"],
+        type=path_argument,
         metavar="SCHEMA",
         help=".soa files or folders (default schemas)",
     )
@@ -53,6 +54,7 @@ def add_commands(factory: CommandFactory) -> None:
     )
     lint.add_argument(
         "--config",
+        type=path_argument,
         metavar="PYPROJECT",
         help="a pyproject.toml to use instead of the nearest one above each schema",
     )
@@ -65,6 +67,7 @@ def add_commands(factory: CommandFactory) -> None:
         "schemas",
         nargs="*",
         default=["schemas"],
+        type=path_argument,
         metavar="SCHEMA",
         help=".soa files or folders (default schemas); `-` reads stdin and writes stdout",
     )
@@ -88,6 +91,7 @@ def add_commands(factory: CommandFactory) -> None:
         "schemas",
         nargs="*",
         default=["."],
+        type=path_argument,
         metavar="SCHEMA",
         help=".soa files or folders (default: every .soa file git knows of)",
     )

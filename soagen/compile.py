@@ -514,15 +514,26 @@ def _verify(
             continue  # the eager model itself does not take these sizes (n = 1, say)
         with torch.inference_mode():
             actual = typing.cast(list[torch.Tensor], runner(inputs))
-        for spec, got, want in zip(binding.OUTPUTS, actual, expected, strict=True):
-            try:
-                _assert_close(got, want)
-            except AssertionError as error:
-                shown = ", ".join(f"{name} n={n}" for name, n in sizes.items())
-                raise CompileError(
-                    f"the compiled package disagrees with the eager model on output "
-                    f"{spec.name!r} for {shown}: {error}"
-                ) from None
+        _check_agreement(binding, "the compiled package", actual, expected, sizes)
+
+
+def _check_agreement(
+    binding: type[ModelBinding],
+    what: str,
+    actual: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
+    sizes: Mapping[str, int],
+) -> None:
+    """`what`'s outputs must agree with the eager model's, run on inputs of `sizes`."""
+    for spec, got, want in zip(binding.OUTPUTS, actual, expected, strict=True):
+        try:
+            _assert_close(got, want)
+        except AssertionError as error:
+            shown = ", ".join(f"{name} n={n}" for name, n in sizes.items())
+            raise CompileError(
+                f"{what} disagrees with the eager model on output {spec.name!r} for {shown}: "
+                f"{error}"
+            ) from None
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -41,3 +44,67 @@ def import_generated(root: Path, package: str, module: str) -> ModuleType:
         sys.path.insert(0, str(root))
     importlib.invalidate_caches()
     return importlib.import_module(f"{package}.{module}")
+
+
+def modules_imported_by(code: str, modules: tuple[str, ...] = ("torch", "numpy")) -> list[str]:
+    """Which of `modules` a fresh interpreter has imported after running `code` (in the repo)."""
+    probe = f"{code}\nimport sys\nprint(','.join(m for m in {modules!r} if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return [name for name in result.stdout.strip().split(",") if name]
+
+
+# `soagen serve` of the example GNN, as the serving tests and benchmarks/bench_serving.py run it.
+SERVE_GNN = (
+    "serve",
+    "schemas/gnn.soa",
+    "--model",
+    "EdgeClassifier",
+    "--factory",
+    "examples/gnn_model.py:build_model",
+)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports of 127.0.0.1 (held together while chosen)."""
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def serve_gnn_command(token_file: Path, *extra: str) -> list[str]:
+    """`soagen serve` of the example GNN on free loopback ports, its access token written to
+    `token_file`, its ready line in JSON (`serve_ready`)."""
+    grpc_port, http_port = free_ports(2)
+    return [
+        sys.executable,
+        "-m",
+        "soagen",
+        *SERVE_GNN,
+        "--grpc-port",
+        str(grpc_port),
+        "--http-port",
+        str(http_port),
+        "--token-file",
+        str(token_file),
+        "--format",
+        "json",
+        *extra,
+    ]
+
+
+def serve_ready(process: subprocess.Popen[str]) -> dict[str, object] | None:
+    """The JSON line `soagen serve --format json` prints once it serves; None if it ended first."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("{"):
+            ready: dict[str, object] = json.loads(line)
+            return ready
+    return None

@@ -167,6 +167,32 @@ def test_show_rejects_negative_size(in_tmp: Path) -> None:
     assert status == 2 and "--size" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["", "-o", "out"], "SCHEMA"),
+        (["x.soa", "-o", ""], "-o/--out"),
+        (["check", ""], "SCHEMA"),
+        (["check", "x.soa", "-o", ""], "-o/--out"),
+        (["show", "", "--size", "1"], "SCHEMA"),
+        (["lint", ""], "SCHEMA"),
+        (["lint", "x.soa", "--config", ""], "--config"),
+        (["fmt", "--check", ""], "SCHEMA"),
+        (["breaking", "--against", "HEAD", ""], "SCHEMA"),
+        (["compile", "", "--model", "M", "--factory", "f.py:f", "-o", "m.pt2"], "SCHEMA"),
+        (["compile", "x.soa", "--model", "M", "--factory", "f.py:f", "-o", ""], "-o/--output"),
+    ],
+)
+def test_empty_paths_are_usage_errors(in_tmp: Path, args: list[str], named: str) -> None:
+    """`Path("")` is the current folder: an empty argument (an unset shell variable, say) must not
+    quietly mean every schema under it, or write there."""
+    (in_tmp / "x.soa").write_text("layout X { column float32 a }")
+    status, out, err = run_cli(*args)
+    assert status == 2, (out, err)
+    assert f"argument {named}: empty path" in err
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["x.soa"]
+
+
 def test_explain_and_help_examples() -> None:
     status, out, _ = run_cli("explain", "soa303")
     assert status == 0 and out.startswith("SOA303: ")

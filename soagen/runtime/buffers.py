@@ -178,7 +178,7 @@ def _from_tensor(tensor: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def _numpy_to_tensor(array: Any) -> torch.Tensor:
-    """A tensor sharing a flat uint8 NumPy array's memory, read-only or not, without warnings."""
+    """A tensor sharing a NumPy array's memory, read-only or not, without warnings."""
     if array.flags.writeable:
         return torch.from_numpy(array)
     try:
@@ -188,6 +188,20 @@ def _numpy_to_tensor(array: Any) -> torch.Tensor:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(array)
+
+
+def tensor_of(array: Any, dtype: str) -> torch.Tensor:
+    """The torch view of a NumPy array holding `dtype` values (read-only arrays too, such as a
+    request's or a response's): bfloat16 arrives as its raw 16-bit patterns, NumPy having none."""
+    tensor = _numpy_to_tensor(array)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+def numpy_of(tensor: torch.Tensor) -> Any:
+    """The NumPy view of a host tensor: bfloat16 as its raw 16-bit patterns (uint16)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(_numpy().uint16)
+    return tensor.numpy()
 
 
 def _from_numpy(array: Any, read_only: bool) -> Adopted:

@@ -1,0 +1,176 @@
+"""Remote calls through `soagen serve` (Triton) against local execution, for the example GNN.
+
+It starts `soagen serve` as a subprocess on free loopback ports (CPU), then times, per edge count n
+(nodes = n / 5), the median client-side latency of
+- the local binding (`EdgeClassifier(build_model())`, soagen's one-thread CPU setting),
+- `EdgeClassifier.remote(url, shared_memory=False)`: blocks copied into the gRPC request,
+- `EdgeClassifier.remote(url, shared_memory=True)`: blocks copied into a registered shared-memory
+  region, outputs written there by the server,
+checks that every remote result equals the local one bit for bit, and reports the input bytes each
+request carries and the bytes the client copied (`stats.bytes_copied` per call: the goal is one copy
+of each input block). A second table runs many client threads at once at a small n and reads the
+server's statistics: how many Triton executions served how many events.
+
+Client and server share the machine (2 cores here): remote timings include the server's work and
+its contention with the client, and vary by some 10-20 % from run to run.
+
+Run from the repository root: `python benchmarks/bench_serving.py` (n = 1e3 .. 1e6, ~1-2 minutes),
+or `--quick` (n = 1e3, 1e4) for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from examples.gnn_model import INDEX_BOUNDS, build_model  # noqa: E402
+from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
+from tests.helpers import serve_gnn_command, serve_ready  # noqa: E402
+
+
+def start_server(folder: Path) -> tuple[subprocess.Popen[str], dict[str, object], str]:
+    token_file = folder / "token"
+    process = subprocess.Popen(
+        serve_gnn_command(token_file),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=(folder / "server.log").open("w"),
+        text=True,
+        start_new_session=True,
+    )
+    ready = serve_ready(process)
+    if ready is None:
+        raise SystemExit(f"soagen serve did not start: see {folder / 'server.log'}")
+    return process, ready, token_file.read_text().strip()
+
+
+def event(edges_n: int, seed: int) -> tuple[Nodes, Edges]:
+    nodes_n = max(1, edges_n // 5)
+    generator = torch.Generator().manual_seed(seed)
+    nodes, edges = Nodes.allocate(nodes_n, zero=True), Edges.allocate(edges_n, zero=True)
+    for column in (nodes.x, nodes.y, nodes.z, nodes.energy, edges.delta_r, edges.delta_eta):
+        column.copy_(torch.randn(column.shape, generator=generator))
+    for column in (edges.src, edges.dst):
+        column.copy_(torch.randint(0, nodes_n, column.shape, generator=generator))
+    return nodes, edges
+
+
+def median_ms(action: Callable[[], object], repeats: int) -> float:
+    action()  # warm: first placement, region registration
+    taken = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        taken.append(time.perf_counter() - start)
+    return statistics.median(taken) * 1e3
+
+
+def latency_table(url: str, token: str, sizes: list[int], repeats: int) -> list[str]:
+    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    plain = EdgeClassifier.remote(url, shared_memory=False, access_token=token, timeout=60)
+    shared = EdgeClassifier.remote(url, shared_memory=True, access_token=token, timeout=60)
+    rows = [
+        "| n edges | input MB | local ms | gRPC ms | shm ms | gRPC / local | shm / local "
+        "| shm Medges/s | copied per request (gRPC, shm) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        nodes, edges = event(n, n)
+        expected = EdgeScores.allocate(n, zero=True)
+        local(nodes, edges, out=expected)
+        times: dict[str, float] = {}
+        copied: dict[str, float] = {}
+        for name, model in (("local", local), ("grpc", plain), ("shm", shared)):
+            out = EdgeScores.allocate(n, zero=True)
+            stats = getattr(model, "stats", None)
+            calls, nbytes = (stats.calls, stats.bytes_copied) if stats else (0, 0)
+            count = max(3, repeats if n <= 100_000 else repeats // 3)
+            times[name] = median_ms(functools.partial(model, nodes, edges, out=out), count)
+            assert torch.equal(out.score, expected.score), name
+            if stats is not None:
+                copied[name] = (stats.bytes_copied - nbytes) / (stats.calls - calls)
+        input_bytes = nodes.size * 16 + edges.size * 24
+        rows.append(
+            f"| {n:.0e} | {input_bytes / 1e6:.2f} | {times['local']:.2f} | {times['grpc']:.2f} "
+            f"| {times['shm']:.2f} | {times['grpc'] / times['local']:.1f} "
+            f"| {times['shm'] / times['local']:.1f} | {n / times['shm'] / 1e3:.2f} "
+            f"| {copied['grpc'] / input_bytes:.2f}x, {copied['shm'] / input_bytes:.2f}x |"
+        )
+        print(rows[-1], flush=True)
+    plain.close()
+    shared.close()
+    return rows
+
+
+def concurrency_table(url: str, token: str, n: int, threads: int, per_thread: int) -> list[str]:
+    events = [event(n, 10_000 + k) for k in range(threads)]
+    rows = [
+        "| clients | events | n edges | wall s | events/s | Triton executions | events per execution |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    remote = EdgeClassifier.remote(url, access_token=token, timeout=60)
+    for nodes, edges in events:  # warm the path
+        remote(nodes, edges, out=EdgeScores.allocate(edges.size))
+    before = remote.server_statistics()
+
+    def client(k: int) -> None:
+        nodes, edges = events[k]
+        out = EdgeScores.allocate(edges.size)
+        for _ in range(per_thread):
+            remote(nodes, edges, out=out)
+
+    workers = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    wall = time.perf_counter() - start
+    after = remote.server_statistics()
+    inferences = int(after["inference_count"]) - int(before["inference_count"])
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    remote.close()
+    rows.append(
+        f"| {threads} | {inferences} | {n} | {wall:.2f} | {inferences / wall:.0f} | {executions} "
+        f"| {inferences / max(executions, 1):.1f} |"
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="n = 1e3, 1e4 and few repeats")
+    options = parser.parse_args()
+    sizes = [1_000, 10_000] if options.quick else [1_000, 10_000, 100_000, 1_000_000]
+    repeats = 5 if options.quick else 30
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as folder:
+        process, ready, token = start_server(Path(folder))
+        try:
+            url = str(ready["grpc"])
+            print(f"soagen serve ready in {ready['seconds']} s at {url}\n", flush=True)
+            rows = latency_table(url, token, sizes, repeats)
+            print("\n" + "\n".join(rows) + "\n")
+            threads, per_thread = (8, 5) if options.quick else (32, 20)
+            print("\n".join(concurrency_table(url, token, 1_000, threads, per_thread)))
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,828 @@
+"""Remote model calls: `EdgeClassifier.remote("127.0.0.1:8001")` runs the model on a Triton server.
+
+The object `remote` returns is an instance of the generated class, so its `__call__` is the local
+one, typed the same (collections in, `out=` filled, `batch_size=` slices); only the step that runs
+the model differs. Per call (per slice with `batch_size`) it sends one request over gRPC holding each
+input block once, in its wire form (`soagen.serving.wire`), and waits for the response.
+
+Tensors. At its first call the client reads the served model's configuration and sends each block
+as the server declares it: in storage order with a batch axis of 1 (`soagen serve`, see
+`soagen.serving.wire`), or in declared order, with or without a batch axis (a model repository
+written by `soagen triton`, served by any tritonserver); a tensor missing or of another shape or
+datatype is a `RemoteConfigurationError` before anything is sent.
+
+Copies. With shared memory (`shared_memory=`, by default when the server is on a loopback address)
+each input block is copied once, from the collection's buffer into a system shared-memory region
+registered with the server (a `memcpy` per member column), and the server writes the outputs into
+the same region: nothing else crosses the socket but the request's description. Without it, each
+block is copied once into the request's bytes (NumPy's `tobytes`), which gRPC then serialises.
+Collections on a GPU are copied to host memory in that same one copy (CUDA shared memory, which
+would spare it, is not used yet). `stats.bytes_copied` counts what the client copies.
+
+Shared-memory regions are registered once and reused across calls: one per call in flight, grown
+when a call needs more, unregistered and removed by `close()` (or when the object is collected).
+PyTriton's server guards registration with its access token (`access_token=`, which `soagen serve`
+writes to `--token-file`); when registration is refused, or the server cannot open the region (it
+runs in another container, say), a client that asked for shared memory by default (`None`) sends
+the blocks in the request instead, and one that asked for it (`True`) raises.
+
+Failures. Each attempt waits at most `timeout` seconds. An unreachable server, a connection lost
+mid-request or a timeout is retried up to `retries` times with a growing pause (50 ms, 100 ms, ...
+at most 1 s); after that the call raises `RemoteUnavailableError` naming the URL, or, with
+`fallback=` (a local model), runs the model locally on the same collections. An error the server
+answers with (the model raised, an index out of range) is raised at once as `RemoteInferenceError`.
+Outputs are written only after the whole response is checked (every output present, with the
+declared datatype and exactly the output block's shape), so a failed call leaves the output
+collections as they were, and each call writes its outputs once: from the server's one validated
+response, or from the local fallback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import re
+import threading
+import time
+import typing
+import uuid
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from soagen.runtime.backends import Backend, Runner
+from soagen.runtime.errors import BindingError
+from soagen.runtime.model import ModelBinding, _check_index_range
+from soagen.serving.errors import (
+    RemoteConfigurationError,
+    RemoteInferenceError,
+    RemoteResponseError,
+    RemoteUnavailableError,
+)
+from soagen.serving.wire import WireTensor, declared_order, wire_tensors
+
+if typing.TYPE_CHECKING:
+    from multiprocessing.shared_memory import SharedMemory
+
+    import torch
+    from numpy.typing import NDArray
+
+    from soagen.runtime.collection import Collection
+    from soagen.runtime.spec import BlockSpec
+
+_M = typing.TypeVar("_M", bound=ModelBinding)
+
+# gRPC statuses worth another attempt: the server is down, restarting or too slow this time.
+_TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
+_ACCESS_HEADER = "triton-grpc-protocol-triton-access-token"
+_ALIGN = 64  # bytes: where each tensor starts in a shared-memory region
+_REGION_GRANULE = 1 << 20  # regions grow in whole MiB, so slowly growing events reuse them
+_FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
+_region_numbers = itertools.count()
+# `package.module.SomeError: message`, as a traceback's last line gives an exception.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
+
+
+@dataclass
+class RemoteStats:
+    """What a remote binding has done so far (counts since it was made)."""
+
+    calls: int = 0  # model runs asked for (one per call, or per slice with batch_size)
+    attempts: int = 0  # requests sent, retries included
+    retries: int = 0
+    fallbacks: int = 0  # runs done by the local fallback model
+    writes: int = 0  # runs whose outputs were written from a validated server response
+    bytes_copied: int = 0  # input bytes the client copied: into shared memory or into requests
+    bytes_shared: int = 0  # of those, the bytes copied into shared memory
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+class _Region:
+    """One system shared-memory region, registered with the server under `name`."""
+
+    def __init__(self, prefix: str, size: int) -> None:
+        from multiprocessing.shared_memory import SharedMemory
+
+        number = next(_region_numbers)
+        self.name = f"{prefix}_{number}"
+        self.size = size
+        self.memory: SharedMemory = SharedMemory(name=self.name, create=True, size=size)
+        self.key = f"/{self.memory.name.lstrip('/')}"
+        self.registered_in = -1  # the pool generation it was registered in
+
+    def destroy(self) -> None:
+        try:
+            self.memory.close()
+        except BufferError:
+            pass  # a NumPy view still holds it: the mapping goes when that view does
+        try:
+            self.memory.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class _RegionPool:
+    """Regions free for the next call; a call holds one region for its inputs and outputs."""
+
+    def __init__(self) -> None:
+        self.prefix = f"soagen_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        self.free: list[_Region] = []
+        self.all: list[_Region] = []
+        self.generation = 0  # bumped when the server may have forgotten its registrations
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> tuple[_Region, _Region | None]:
+        """A region of at least `size` bytes, and a free region too small that it replaces."""
+        with self.lock:
+            fitting = [region for region in self.free if region.size >= size]
+            if fitting:
+                region = min(fitting, key=lambda r: r.size)
+                self.free.remove(region)
+                return region, None
+            replaced = self.free.pop() if self.free else None
+            if replaced is not None:
+                self.all.remove(replaced)
+            grown = -(-size // _REGION_GRANULE) * _REGION_GRANULE
+            region = _Region(self.prefix, grown)
+            self.all.append(region)
+            return region, replaced
+
+    def give_back(self, region: _Region) -> None:
+        with self.lock:
+            if region in self.all:
+                self.free.append(region)
+
+    def forget_registrations(self) -> None:
+        with self.lock:
+            self.generation += 1
+
+
+def _destroy_pool(pool: _RegionPool) -> None:
+    with pool.lock:
+        regions, pool.all, pool.free = pool.all, [], []
+    for region in regions:
+        region.destroy()
+
+
+class _ServerBackend(Backend):
+    """A remote binding's backend: it names the server; `RemoteBinding._run_once` does the work."""
+
+    kind = "remote"
+
+    def __init__(self, url: str, model_name: str) -> None:
+        super().__init__(f"{model_name} at {url}")
+
+    def place(self, device: torch.device) -> Runner:
+        raise NotImplementedError("a remote binding runs its model on the server")
+
+
+class RemoteBinding(ModelBinding):
+    """The part of a remote binding that differs from a local one: mixed into the generated class
+    by `remote_class`. Build one with `GeneratedModel.remote(url, ...)`."""
+
+    _local_class: typing.ClassVar[type[ModelBinding]]
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model_name: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        fallback: object | None = None,
+        shared_memory: bool | None = None,
+        access_token: str | None = None,
+        index_bounds: Mapping[str, str] | None = None,
+    ) -> None:
+        cls = type(self)
+        local = cls._local_class
+        if isinstance(fallback, ModelBinding):
+            if fallback.NAME != local.NAME:
+                raise BindingError(
+                    f"fallback is a {fallback.NAME} binding; {local.NAME}.remote needs a "
+                    f"{local.NAME}"
+                )
+        elif fallback is not None:
+            fallback = local(fallback, index_bounds=index_bounds)
+        self.url = _checked_url(url)
+        self.model_name = cls.NAME if model_name is None else model_name
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise RemoteConfigurationError(
+                f"model_name must be a non-empty string, got {model_name!r}"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise RemoteConfigurationError(
+                f"timeout must be a positive number of seconds, got {timeout!r}"
+            )
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise RemoteConfigurationError(f"retries must be an integer >= 0, got {retries!r}")
+        if shared_memory not in (None, True, False):
+            raise RemoteConfigurationError(
+                f"shared_memory must be True, False or None (automatic), got {shared_memory!r}"
+            )
+        if access_token is not None and (not isinstance(access_token, str) or not access_token):
+            raise RemoteConfigurationError("access_token must be a non-empty string or None")
+        self.timeout = float(timeout)
+        self.retries = retries
+        self.fallback: ModelBinding | None = fallback
+        self.shared_memory_requested = shared_memory
+        self._use_shared_memory = (
+            shared_memory if shared_memory is not None else _is_loopback(self.url)
+        )
+        self._headers = {_ACCESS_HEADER: access_token} if access_token else None
+        # Everything `run` reads is set as for a local binding; the backend stands in for the server.
+        super().__init__(_ServerBackend(self.url, self.model_name), index_bounds=index_bounds)
+        self._inputs = wire_tensors(cls.INPUTS)
+        self._outputs = wire_tensors(cls.OUTPUTS)
+        self._configured = False  # the server's tensor layout is read at the first call
+        self._configure_lock = threading.Lock()
+        self.stats = RemoteStats()
+        self._grpc = _tritonclient()
+        self._client = self._grpc.InferenceServerClient(
+            self.url,
+            channel_args=[
+                # A restarted server is found again within a second, not after gRPC's 2 minutes.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+            ],
+        )
+        self._pool = _RegionPool()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_quietly, self._client, self._pool)
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Whether the next call sends its blocks through shared memory."""
+        return self._use_shared_memory
+
+    def __repr__(self) -> str:
+        return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
+
+    def __enter__(self: _M) -> _M:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unregister and remove the shared-memory regions and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        regions = [region.name for region in self._pool.all if region.registered_in >= 0]
+        for name in regions:
+            try:
+                self._client.unregister_system_shared_memory(
+                    name, headers=self._headers, client_timeout=min(self.timeout, 2.0)
+                )
+            except Exception:  # the server may be gone: its registrations went with it
+                break
+        self._finalizer()
+
+    def server_statistics(self) -> dict[str, typing.Any]:
+        """Triton's statistics of the served model (inference and execution counts, queue and
+        compute times); PyTriton's server wants `access_token` for them."""
+        try:
+            answer = self._client.get_inference_statistics(
+                self.model_name, headers=self._headers, as_json=True, client_timeout=self.timeout
+            )
+        except self._grpc_error() as error:
+            raise RemoteInferenceError(
+                f"{self.url}: statistics of {self.model_name!r}: {_message(error)}"
+            ) from None
+        stats: list[dict[str, typing.Any]] = answer.get("model_stats", [])
+        if not stats:
+            raise RemoteInferenceError(f"{self.url} has no statistics for {self.model_name!r}")
+        return stats[0]
+
+    # The step that differs from a local binding.
+
+    def _run_once(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> None:
+        cls = type(self)
+        if self._closed:
+            raise RemoteConfigurationError(
+                f"{cls.NAME}: this remote binding to {self.url} is closed"
+            )
+        targets = [outputs[spec.name].block(spec.block) for spec in cls.OUTPUTS]
+        if all(target.numel() == 0 for target in targets):
+            return  # as local calls: nothing to compute
+        self.stats.add(calls=1)
+        if self.index_bounds:
+            views = [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
+            for index_name, bound_name in self.index_bounds.items():
+                indices = views[self._input_position[index_name]]
+                size = inputs[bound_name].size
+                _check_index_range(cls, index_name, indices, bound_name, size)
+        try:
+            with self._remote_results(inputs, targets) as results:
+                for target, result in zip(targets, results, strict=True):
+                    target.copy_(result)
+            self.stats.add(writes=1)
+        except RemoteUnavailableError:
+            if self.fallback is None:
+                raise
+            self.stats.add(fallbacks=1)
+            self.fallback._run_once(inputs, outputs, device)
+
+    @contextmanager
+    def _remote_results(
+        self, inputs: Mapping[str, Collection], targets: list[torch.Tensor]
+    ) -> Iterator[list[torch.Tensor]]:
+        """The server's outputs, checked against the output blocks, as tensors in declared order
+        (views of the shared-memory region or of the response, valid inside the block)."""
+        cls = type(self)
+        if not self._configured:
+            self._configure()
+        sources = [
+            _wire_source(inputs[spec.name], spec.block, wire)
+            for spec, wire in zip(cls.INPUTS, self._inputs, strict=True)
+        ]
+        region: _Region | None = None
+        try:
+            if self._use_shared_memory:
+                size = sum(
+                    _aligned(_nbytes(source.shape, wire))
+                    for source, wire in zip(sources, self._inputs, strict=True)
+                )
+                size += sum(
+                    _aligned(_nbytes(target.shape, wire))
+                    for target, wire in zip(targets, self._outputs, strict=True)
+                )
+                region = self._take_region(size)
+            response, request = self._send(sources, targets, region)
+            yield self._read(response, targets, request)
+        finally:
+            if region is not None:
+                self._pool.give_back(region)
+
+    def _configure(self) -> None:
+        """Read the served model's configuration once: each binding's tensor in storage order
+        (`soagen serve`) or in declared order (`soagen triton`), with a batch axis or without."""
+        with self._configure_lock:
+            if self._configured:
+                return
+            cls = type(self)
+            grpc_error = self._grpc_error()
+            last: Exception | None = None
+            for _ in self._attempts():
+                try:
+                    answer = self._client.get_model_config(
+                        self.model_name, as_json=True, client_timeout=self.timeout
+                    )
+                    break
+                except grpc_error as error:
+                    if not _is_transient(error):
+                        raise RemoteConfigurationError(
+                            f"{cls.NAME}: the server at {self.url} does not serve "
+                            f"{self.model_name!r}: {_message(error)}"
+                        ) from None
+                    last = error
+            else:
+                raise self._unavailable("", last)
+            config = answer.get("config", {})
+            batched = int(config.get("max_batch_size", 0) or 0) > 0
+            served = {
+                str(entry.get("name")): entry
+                for entry in (*config.get("input", []), *config.get("output", []))
+            }
+            self._inputs = tuple(
+                _served(cls.NAME, self.url, w, served, batched) for w in self._inputs
+            )
+            self._outputs = tuple(
+                _served(cls.NAME, self.url, w, served, batched) for w in self._outputs
+            )
+            self._configured = True
+
+    def _take_region(self, size: int) -> _Region:
+        region, replaced = self._pool.take(max(size, 1))
+        if replaced is not None:
+            self._unregister(replaced)
+            replaced.destroy()
+        return region
+
+    def _unregister(self, region: _Region) -> None:
+        if region.registered_in < 0:
+            return
+        try:
+            self._client.unregister_system_shared_memory(
+                region.name, headers=self._headers, client_timeout=self.timeout
+            )
+        except Exception:
+            pass  # a server that lost it has nothing to unregister
+        region.registered_in = -1
+
+    def _send(
+        self,
+        sources: list[_Source],
+        targets: list[torch.Tensor],
+        region: _Region | None,
+    ) -> tuple[typing.Any, _Request]:
+        """Send the request, retrying what is transient; the response and the request it answers."""
+        cls = type(self)
+        grpc_error = self._grpc_error()
+        request: _Request | None = None
+        last: Exception | None = None
+        start = time.monotonic()
+        attempts = 1 + self.retries
+        for attempt in self._attempts():
+            try:
+                if region is not None and not self._register(region):
+                    region = None  # refused: the blocks go in the request from now on
+                    request = None
+                if request is None:
+                    request = self._request(sources, targets, region)
+                self.stats.add(attempts=1)
+                response = self._client.infer(
+                    self.model_name,
+                    request.inputs,
+                    outputs=request.outputs,
+                    client_timeout=self.timeout,
+                )
+                return response, request
+            except grpc_error as error:
+                text = _message(error)
+                if _is_transient(error):
+                    last = error
+                    self._pool.forget_registrations()
+                    continue
+                if region is not None and "shared memory region" in text and attempt + 1 < attempts:
+                    last = error  # the server forgot the region (it restarted): register again
+                    self._pool.forget_registrations()
+                    continue
+                if "to hold the results" in text:
+                    raise RemoteResponseError(
+                        f"{cls.NAME} on {self.url}: an output of the model does not fit its output "
+                        f"block ({text}); nothing was written"
+                    ) from None
+                raise RemoteInferenceError(
+                    f"{cls.NAME} on {self.url} (model {self.model_name!r}) failed: {text}; "
+                    f"nothing was written"
+                ) from None
+        raise self._unavailable(f" in {time.monotonic() - start:.1f} s", last)
+
+    def _attempts(self) -> Iterator[int]:
+        """Attempt numbers, 0 to `retries`; each after the first follows a growing pause and
+        counts as a retry."""
+        for attempt in range(1 + self.retries):
+            if attempt:
+                time.sleep(min(_LONGEST_PAUSE_S, _FIRST_PAUSE_S * 2 ** (attempt - 1)))
+                self.stats.add(retries=1)
+            yield attempt
+
+    def _unavailable(self, took: str, last: Exception | None) -> RemoteUnavailableError:
+        attempts = 1 + self.retries
+        return RemoteUnavailableError(
+            f"{type(self).NAME}: the Triton server at {self.url} did not answer ({attempts} "
+            f"attempt{'s' if attempts > 1 else ''}{took}, timeout {self.timeout:g} s each): "
+            f"{_message(last) if last is not None else 'no attempt made'}; nothing was written"
+            + ("" if self.fallback is not None else "; pass fallback= to run locally instead")
+        )
+
+    def _register(self, region: _Region) -> bool:
+        """Register the region with the server (once per server lifetime); False if the server
+        refuses shared memory and this client may send blocks in requests instead."""
+        generation = self._pool.generation
+        if region.registered_in == generation:
+            return True
+        grpc_error = self._grpc_error()
+        try:
+            if region.registered_in >= 0:  # it may still be registered: a name is taken once
+                try:
+                    self._client.unregister_system_shared_memory(
+                        region.name, headers=self._headers, client_timeout=self.timeout
+                    )
+                except grpc_error as error:
+                    if _is_transient(error):
+                        raise
+            self._client.register_system_shared_memory(
+                region.name,
+                region.key,
+                region.size,
+                headers=self._headers,
+                client_timeout=self.timeout,
+            )
+        except grpc_error as error:
+            text = _message(error)
+            if _is_transient(error):
+                raise
+            if self.shared_memory_requested:
+                hint = (
+                    "pass access_token=, the server's token (`soagen serve --token-file`)"
+                    if "restricted" in text
+                    else "is the server on this host, in the same IPC namespace?"
+                )
+                raise RemoteConfigurationError(
+                    f"{type(self).NAME}: the server at {self.url} refused shared memory ({hint}): "
+                    f"{text}"
+                ) from None
+            self._use_shared_memory = False
+            return False
+        region.registered_in = generation
+        return True
+
+    def _request(
+        self, sources: list[_Source], targets: list[torch.Tensor], region: _Region | None
+    ) -> _Request:
+        """The request's inputs (each block copied once: into the region, or into its bytes) and
+        requested outputs (into the region, after the inputs)."""
+        grpc = self._grpc
+        offset = 0
+        request = _Request([], [], [] if region is not None else None)
+        copied = shared = 0
+        for source, wire in zip(sources, self._inputs, strict=True):
+            shape = [int(size) for size in source.shape]
+            entry = grpc.InferInput(
+                wire.name, [1, *shape] if wire.batched else shape, wire.datatype
+            )
+            nbytes = _nbytes(source.shape, wire)
+            if region is not None:
+                _copy_into(region.memory, offset, source, wire)
+                entry.set_shared_memory(region.name, nbytes, offset)
+                offset += _aligned(nbytes)
+                shared += nbytes
+                copied += nbytes
+            else:
+                host, host_copies = _host_array(source, wire)
+                # NumPy's tobytes: the one copy, in wire order.
+                entry.set_data_from_numpy(host[None] if wire.batched else host)
+                copied += nbytes * (1 + host_copies)
+            request.inputs.append(entry)
+        for target, wire in zip(targets, self._outputs, strict=True):
+            entry = grpc.InferRequestedOutput(wire.name)
+            if request.output_offsets is not None and region is not None:
+                nbytes = _nbytes(target.shape, wire)
+                entry.set_shared_memory(region.name, nbytes, offset)
+                request.output_offsets.append(offset)
+                offset += _aligned(nbytes)
+            request.outputs.append(entry)
+        request.region = region
+        self.stats.add(bytes_copied=copied, bytes_shared=shared)
+        return request
+
+    def _read(
+        self, response: typing.Any, targets: list[torch.Tensor], request: _Request
+    ) -> list[torch.Tensor]:
+        """Every output checked (present, datatype, shape) before any is used."""
+        import numpy as np
+
+        cls = type(self)
+        results = []
+        for position, (target, wire) in enumerate(zip(targets, self._outputs, strict=True)):
+            expected = wire.wire_shape(tuple(target.shape))
+            output = response.get_output(wire.name)
+            problem = None
+            if output is None:
+                problem = "is missing from the response"
+            elif output.datatype != wire.datatype:
+                problem = f"came back as {output.datatype}, the schema declares {wire.datatype}"
+            elif tuple(output.shape) != expected:
+                wire_axes = ", ".join(wire.axes[axis] for axis in wire.order)
+                problem = (
+                    f"came back with shape {list(output.shape)}, expected {list(expected)} "
+                    f"([{wire_axes}] for an output block of shape {list(target.shape)})"
+                )
+            if problem is not None:
+                raise RemoteResponseError(
+                    f"{cls.NAME} output {wire.name!r} from {self.url} {problem}; nothing was "
+                    f"written"
+                )
+            dtype = np.dtype(wire.numpy_dtype)
+            array: NDArray[typing.Any] | None
+            if request.output_offsets is not None and request.region is not None:
+                buffer = request.region.memory.buf
+                offset = request.output_offsets[position]
+                array = np.ndarray(expected, dtype=dtype, buffer=buffer, offset=offset)
+            else:
+                try:
+                    array = response.as_numpy(wire.name)
+                except ValueError as error:
+                    array = None
+                    detail = f" ({error})"
+                else:
+                    detail = ""
+                if array is None or array.shape != expected or array.dtype != dtype:
+                    raise RemoteResponseError(
+                        f"{cls.NAME} output {wire.name!r} from {self.url} does not hold "
+                        f"{list(expected)} {wire.numpy_dtype}{detail}; nothing was written"
+                    )
+            assert array is not None
+            results.append(_declared_tensor(array[0] if wire.batched else array, wire))
+        return results
+
+    def _grpc_error(self) -> type[Exception]:
+        from tritonclient.utils import InferenceServerException
+
+        return typing.cast(type[Exception], InferenceServerException)
+
+
+def _tritonclient() -> typing.Any:
+    try:
+        import tritonclient.grpc
+    except ModuleNotFoundError as error:
+        if error.name is not None and error.name.split(".")[0] not in ("tritonclient", "grpc"):
+            raise
+        raise RemoteConfigurationError(
+            "remote models need Triton's gRPC client: pip install 'soagen[serve]' (or "
+            "'tritonclient[grpc]')"
+        ) from None
+    return tritonclient.grpc
+
+
+# A block in wire order: a NumPy view of host memory, or a torch view of device memory.
+_Source: typing.TypeAlias = "NDArray[typing.Any] | torch.Tensor"
+
+
+@dataclass
+class _Request:
+    inputs: list[typing.Any]
+    outputs: list[typing.Any]
+    output_offsets: list[int] | None  # where each output lies in the region; None: in the response
+    region: _Region | None = None
+
+
+def _served(
+    name: str, url: str, wire: WireTensor, served: Mapping[str, typing.Any], batched: bool
+) -> WireTensor:
+    """The binding's tensor as the server declares it: storage or declared axis order."""
+    entry = served.get(wire.name)
+    if entry is None:
+        raise RemoteConfigurationError(
+            f"{name}: the model at {url} has no tensor {wire.name!r} (it has "
+            f"{', '.join(served) or 'none'}): is it served for this schema?"
+        )
+    dims = tuple(int(size) for size in entry.get("dims", []))
+    datatype = str(entry.get("data_type", "")).removeprefix("TYPE_")
+    for candidate in (wire, declared_order(wire)):
+        if candidate.dims == dims and candidate.datatype == datatype:
+            return replace(candidate, batched=batched)
+    raise RemoteConfigurationError(
+        f"{name}: the model at {url} declares {wire.name!r} as {datatype} {list(dims)}; this "
+        f"client sends {wire.datatype} {list(wire.dims)} or {list(declared_order(wire).dims)} "
+        f"(-1: the elements)"
+    )
+
+
+def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> _Source:
+    """The block in wire order, without a copy: NumPy for host memory (read-only collections too),
+    torch for a device."""
+    if collection.device.type == "cpu":
+        return collection.numpy(block).transpose(wire.order)
+    return collection.block(block).permute(wire.order)
+
+
+def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:
+    from soagen.runtime.geometry import ITEMSIZE
+
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count * ITEMSIZE[wire.dtype]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _copy_into(memory: SharedMemory, offset: int, source: _Source, wire: WireTensor) -> None:
+    """The one copy of a block: into the shared-memory region, in wire order."""
+    import numpy as np
+
+    shape = tuple(int(size) for size in source.shape)
+    target: NDArray[typing.Any] = np.ndarray(
+        shape, dtype=np.dtype(wire.numpy_dtype), buffer=memory.buf, offset=offset
+    )
+    if isinstance(source, np.ndarray):
+        np.copyto(target, source, casting="no")
+        return
+    from soagen.runtime.buffers import tensor_of
+
+    tensor_of(target, wire.dtype).copy_(source)
+
+
+def _host_array(source: _Source, wire: WireTensor) -> tuple[NDArray[typing.Any], int]:
+    """The block as a host NumPy array (wire order, maybe strided) and the copies that took."""
+    import numpy as np
+
+    if isinstance(source, np.ndarray):
+        return source, 0
+    import torch
+
+    from soagen.runtime.buffers import numpy_of
+
+    host = torch.empty(tuple(source.shape), dtype=source.dtype)
+    host.copy_(source)
+    return numpy_of(host), 1
+
+
+def _declared_tensor(array: NDArray[typing.Any], wire: WireTensor) -> torch.Tensor:
+    """An output in wire order as a tensor in the block's declared axis order (a view)."""
+    from soagen.runtime.buffers import tensor_of
+
+    return tensor_of(array, wire.dtype).permute(wire.inverse)
+
+
+def _message(error: Exception) -> str:
+    """The server's message; for an error the model's Python code raised (PyTriton sends its whole
+    traceback), the last exception's type and message."""
+    message = getattr(error, "message", None)
+    text = str(message() if callable(message) else error).strip()
+    if "Traceback (most recent call last)" not in text:
+        return text
+    raised = [
+        found
+        for line in text.splitlines()
+        if (found := _EXCEPTION_LINE.match(line.strip())) and found[1] != "TritonModelException"
+    ]
+    return f"{raised[-1][1]}: {raised[-1][2]}" if raised else text
+
+
+def _is_transient(error: Exception) -> bool:
+    status = getattr(error, "status", None)
+    code = str(status() if callable(status) else "")
+    # PyTriton answers a guarded API called without its token with UNAVAILABLE too.
+    return code in _TRANSIENT and "protocol is restricted" not in _message(error)
+
+
+def _checked_url(url: object) -> str:
+    if not isinstance(url, str) or not url.strip():
+        raise RemoteConfigurationError(f"url must be 'host:port' of a gRPC endpoint, got {url!r}")
+    text = url.strip()
+    for scheme in ("grpc://", "http://", "https://"):
+        if text.startswith(scheme):
+            if scheme != "grpc://":
+                raise RemoteConfigurationError(
+                    f"url {url!r}: remote models speak gRPC; give the server's gRPC 'host:port' "
+                    f"(soagen serve's --grpc-port, 8001 by default)"
+                )
+            text = text[len(scheme) :]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RemoteConfigurationError(f"url {url!r} is not 'host:port' (e.g. '127.0.0.1:8001')")
+    return text
+
+
+def _is_loopback(url: str) -> bool:
+    host = url.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _close_quietly(client: typing.Any, pool: _RegionPool) -> None:
+    _destroy_pool(pool)
+    try:
+        client.close()
+    except Exception:
+        pass
+
+
+_remote_classes: dict[type[ModelBinding], type[RemoteBinding]] = {}
+_remote_classes_lock = threading.Lock()
+
+
+def remote_class(cls: type[ModelBinding]) -> type[RemoteBinding]:
+    """The generated class with its model run on a server: a subclass, so `isinstance` holds and
+    `__call__` is the generated one. Made once per class."""
+    with _remote_classes_lock:
+        found = _remote_classes.get(cls)
+        if found is None:
+            found = typing.cast(
+                type[RemoteBinding],
+                type(
+                    cls.__name__,
+                    (RemoteBinding, cls),
+                    {
+                        "__module__": cls.__module__,
+                        "__qualname__": f"{cls.__qualname__}.remote",
+                        "__doc__": cls.__doc__,
+                        "_local_class": cls,
+                    },
+                ),
+            )
+            _remote_classes[cls] = found
+        return found
+
+
+def remote_binding(cls: type[_M], url: str, **options: typing.Any) -> _M:
+    """What `GeneratedModel.remote(url, **options)` returns; `ModelBinding.remote` documents (and
+    types) the options, `RemoteBinding.__init__` checks them."""
+    local: type[ModelBinding] = cls
+    if issubclass(local, RemoteBinding):
+        local = local._local_class
+    return typing.cast(_M, remote_class(local)(url, **options))

@@ -1,0 +1,165 @@
+"""One served event: a request's input tensors checked against the binding and copied into fresh
+collections, ready for the model. Shared by `soagen serve` (`soagen.serving.server.EventRunner`) and
+the `model.py` of `soagen triton` repositories (`soagen.triton.python_model.SoagenModel`).
+
+An event's tensors come in the blocks' declared axis order, on the host (each server turns its wire
+form into that first). `EventLoader.event` checks each against its block (dtype, fixed extents, one
+element count per collection, index inputs in range of their collection) and `EventLoader.load`
+allocates one collection per layout on the model's device, with the layout's pitches, so the model
+sees exactly the strides a local call gives it, and copies each block in: one copy per block.
+Several events load as one concatenation (each event's elements after the previous event's, index
+inputs shifted by the offset of the collection they index), for servers that merge events.
+
+Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from soagen.runtime.spec import BindingSpec
+
+if typing.TYPE_CHECKING:
+    import torch
+
+    from soagen.runtime.collection import Collection
+
+
+class EventError(ValueError):
+    """An event's tensors do not fit the binding's blocks; the model was not run."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventInput:
+    """One input block as a request carries it."""
+
+    tensor: str  # the request's name for it
+    spec: BindingSpec
+    dims: tuple[int, ...]  # declared axis order, -1 on the element axis (1 for a block of scalars)
+    scalar: bool = False  # a block of scalars: one value per event, broadcast over n in the model
+
+    @property
+    def layout(self) -> str:
+        return self.spec.block.layout
+
+    @property
+    def n_axis(self) -> int | None:
+        axes = self.spec.block.axes
+        return axes.index("n") if "n" in axes else None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    tensors: dict[str, torch.Tensor]  # binding name -> the event's host tensor, declared order
+    sizes: dict[str, int]  # input layout name -> element count
+
+
+class EventLoader:
+    """Checks events against a binding's input blocks and loads them into collections.
+
+    `layouts`: the collection class of every layout an event fills. `index_bounds`: index inputs
+    checked per event (and shifted when events merge); a server that lets the binding check them
+    leaves it empty.
+    """
+
+    def __init__(
+        self,
+        inputs: Sequence[EventInput],
+        layouts: Mapping[str, type[Collection]],
+        index_bounds: Mapping[str, str] | None = None,
+    ) -> None:
+        self.inputs = tuple(inputs)
+        self.layouts = dict(layouts)
+        self.index_bounds = dict(index_bounds or {})
+        self.layout_of = {item.spec.name: item.layout for item in self.inputs}
+        self._tensor_names = {item.spec.name: item.tensor for item in self.inputs}
+
+    def tensor_name(self, binding: str) -> str:
+        return self._tensor_names.get(binding, binding)
+
+    def event(self, tensors: Mapping[str, torch.Tensor]) -> Event:
+        """The event of `tensors` (binding name -> tensor in declared order), checked."""
+        from soagen.runtime.buffers import TORCH_DTYPES
+
+        sizes: dict[str, int] = {}
+        sources: dict[str, str] = {}
+        for item in self.inputs:
+            tensor = tensors[item.spec.name]
+            expected = TORCH_DTYPES[item.spec.block.dtype]
+            if tensor.dtype != expected:
+                raise EventError(f"input {item.tensor!r} holds {tensor.dtype}, expected {expected}")
+            shape = tuple(tensor.shape)
+            if len(shape) != len(item.dims) or any(
+                want != -1 and got != want for got, want in zip(shape, item.dims, strict=False)
+            ):
+                raise EventError(
+                    f"input {item.tensor!r} has shape {list(shape)}, expected {list(item.dims)} "
+                    f"(-1: any element count)"
+                )
+            if item.scalar:
+                continue
+            axis = item.n_axis
+            n = shape[axis] if axis is not None else 0
+            if item.layout in sizes and sizes[item.layout] != n:
+                raise EventError(
+                    f"inputs {self.tensor_name(sources[item.layout])!r} and {item.tensor!r} "
+                    f"disagree on the element count of {item.layout} ({sizes[item.layout]} and {n})"
+                )
+            sizes[item.layout] = n
+            sources[item.layout] = item.spec.name
+        for item in self.inputs:
+            if item.scalar and item.layout not in sizes:
+                raise EventError(f"no input gives the element count of {item.layout}")
+        for index_name, bound_name in self.index_bounds.items():
+            indices = tensors[index_name]
+            bound = sizes[self.layout_of[bound_name]]
+            if indices.numel():
+                low, high = (int(v) for v in (indices.min(), indices.max()))
+                if low < 0 or high >= bound:
+                    raise EventError(
+                        f"input {self.tensor_name(index_name)!r} holds indices {low}..{high}, "
+                        f"outside [0, {bound}), the elements of {self.tensor_name(bound_name)!r}"
+                    )
+        return Event(dict(tensors), sizes)
+
+    def load(
+        self,
+        events: Sequence[Event],
+        device: torch.device,
+        counts: Sequence[Mapping[str, int]] | None = None,
+    ) -> tuple[dict[str, Collection], list[dict[str, int]]]:
+        """One collection per layout on `device` holding `events` one after the other, with every
+        input block copied in; and each event's element offset in each collection. `counts`: per
+        event, the element count of each layout (default: its inputs' `sizes`; more layouts, the
+        outputs' own collections, get allocated too)."""
+        totals: dict[str, int] = {}
+        offsets: list[dict[str, int]] = []
+        for sizes in counts if counts is not None else [event.sizes for event in events]:
+            placed = {}
+            for layout, n in sizes.items():
+                placed[layout] = totals.get(layout, 0)
+                totals[layout] = placed[layout] + n
+            offsets.append(placed)
+        collections = {
+            layout: self.layouts[layout].allocate(total, device) for layout, total in totals.items()
+        }
+        for event, placed in zip(events, offsets, strict=True):
+            for item in self.inputs:
+                start, whole = placed[item.layout], collections[item.layout]
+                n = event.sizes[item.layout]
+                part = whole if (start, n) == (0, whole.size) else whole.slice(start, start + n)
+                target = part.block(item.spec.block)
+                source = event.tensors[item.spec.name]
+                if item.scalar:  # stride 0 along n: write the one value
+                    axis = typing.cast(int, item.n_axis)
+                    target, source = target.select(axis, 0), source.select(axis, 0)
+                target.copy_(source)
+                bound = self.index_bounds.get(item.spec.name)
+                if bound is not None and placed[self.layout_of[bound]]:
+                    target.add_(placed[self.layout_of[bound]])
+        return collections, offsets
+
+
+__all__ = ["Event", "EventError", "EventInput", "EventLoader"]

@@ -1,0 +1,129 @@
+"""How a binding's block travels to and from a Triton server: name, datatype, axis order, dims.
+
+Pure Python (no torch, NumPy or tritonclient), so the server, the client and tools agree on one
+definition.
+
+Axis order. A block is a strided view of the SoA buffer: in `Nodes{x, y, z, energy} as [n, c]` the
+element axis runs fastest in memory (stride 1) and each member is one contiguous column. Triton takes
+C-contiguous tensors, so a block travels in its *storage order*: its axes sorted by falling stride,
+the element axis last (`[c, n]` here, `[100, 20, n]` for a `[n, 20, 100]` array column). Copying a
+block into the request is then one contiguous copy per member column (a `memcpy` of `n` items), not a
+transpose, and the receiver's view back in declared order has exactly the SoA strides but for the
+padding. A CMSSW producer's buffer has the same storage order, so a C++ client (SONIC) sends its
+columns as they are.
+
+Batch axis. Each request is one event: the tensor's first axis is Triton's batch axis, of size 1.
+Triton's dynamic batcher gathers concurrent events (of any element counts: the inputs allow ragged
+batches) into one execution; the server runs the model once per event (see `soagen.serving.server`).
+
+bfloat16 travels as its raw 16-bit patterns (`UINT16`): NumPy has no bfloat16, and the server and
+the client reinterpret the bits without converting them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from soagen.dtypes import DTYPES
+from soagen.runtime.spec import BindingSpec
+
+# Triton's name for each dtype of the .soa language.
+TRITON_DATATYPES: dict[str, str] = {
+    "bool": "BOOL",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "float16": "FP16",
+    "bfloat16": "UINT16",  # raw bits: see the module documentation
+    "float32": "FP32",
+    "float64": "FP64",
+}
+
+# An element count at which every pitch exceeds 1 element, so strides sort the axes unambiguously.
+_PROBE_ELEMENTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class WireTensor:
+    """One binding as a Triton tensor.
+
+    `order[i]` is the block axis that wire axis `i` holds; `dims` are the wire axes' sizes with -1
+    for the element axis (Triton's batch axis comes before them and is not listed).
+    """
+
+    name: str
+    direction: str
+    layout: str
+    dtype: str  # the .soa dtype
+    datatype: str  # Triton's
+    numpy_dtype: str  # NumPy's attribute name: "uint16" for bfloat16
+    axes: tuple[str, ...]  # the block's axes, in declared order
+    order: tuple[int, ...]
+    dims: tuple[int, ...]
+    batched: bool = True  # a leading batch axis of 1 (the server batches events)
+
+    @property
+    def inverse(self) -> tuple[int, ...]:
+        """The permutation from wire order back to declared order."""
+        back = [0] * len(self.order)
+        for wire_axis, block_axis in enumerate(self.order):
+            back[block_axis] = wire_axis
+        return tuple(back)
+
+    @property
+    def element_axis(self) -> int | None:
+        """The wire axis (batch axis not counted) that runs over elements, or None."""
+        return self.order.index(self.axes.index("n")) if "n" in self.axes else None
+
+    def wire_shape(self, declared_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape a block of `declared_shape` travels in, batch axis included."""
+        shape = tuple(declared_shape[axis] for axis in self.order)
+        return (1, *shape) if self.batched else shape
+
+    def describe(self) -> str:
+        """`node_features: FP32 [1, 4, n]`: the tensor a request carries, batch axis first."""
+        dims = ["n" if size == -1 else str(size) for size in self.dims]
+        return f"{self.name}: {self.datatype} [{', '.join(['1', *dims] if self.batched else dims)}]"
+
+
+def wire_tensor(spec: BindingSpec) -> WireTensor:
+    """The wire form of one input or output binding."""
+    block = spec.block
+    probe = block.view(_PROBE_ELEMENTS)
+    axes = block.axes
+
+    def sort_key(axis: int) -> tuple[bool, int, int]:
+        return (axes[axis] == "n", -probe.strides[axis], axis)
+
+    order = tuple(sorted(range(len(axes)), key=sort_key))
+    dims = tuple(-1 if axes[axis] == "n" else probe.shape[axis] for axis in order)
+    numpy_name = DTYPES[block.dtype].numpy_name or "uint16"
+    return WireTensor(
+        name=spec.name,
+        direction=spec.direction,
+        layout=block.layout,
+        dtype=block.dtype,
+        datatype=TRITON_DATATYPES[block.dtype],
+        numpy_dtype=numpy_name,
+        axes=axes,
+        order=order,
+        dims=dims,
+    )
+
+
+def wire_tensors(specs: tuple[BindingSpec, ...]) -> tuple[WireTensor, ...]:
+    return tuple(wire_tensor(spec) for spec in specs)
+
+
+def declared_order(wire: WireTensor) -> WireTensor:
+    """The same binding with its axes in declared order (`[n, 4]` for `as [n, c]`), as a model
+    repository that keeps the declared axes (`soagen triton`) has it."""
+    dims = [0] * len(wire.order)
+    for wire_axis, block_axis in enumerate(wire.order):
+        dims[block_axis] = wire.dims[wire_axis]
+    return replace(wire, order=tuple(range(len(wire.order))), dims=tuple(dims))
