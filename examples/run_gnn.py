@@ -20,6 +20,7 @@ import torch
 
 from examples.gnn_model import INDEX_BOUNDS, build_model
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+from soagen.runtime import ensure_cpu_settings
 
 
 def make_event(n_nodes: int, n_edges: int, device: str, seed: int = 0) -> tuple[Nodes, Edges]:
@@ -88,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
 
+    if torch.device(args.device).type == "cpu":
+        # soagen applies its CPU settings (threads, malloc) at its first CPU call: apply them now,
+        # so the gather path below runs under the same settings as every soagen path.
+        ensure_cpu_settings()
     nodes, edges = make_event(args.nodes, args.edges, args.device)
     expected = reference(nodes, edges)
     print(

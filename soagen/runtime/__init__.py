@@ -4,7 +4,7 @@ Importing this package imports neither torch nor numpy; they load when a collect
 """
 
 from soagen.runtime.collection import Collection
-from soagen.runtime.cpu import set_cpu_threads, set_malloc_tuning
+from soagen.runtime.cpu import ensure_cpu_settings, set_cpu_threads, set_malloc_tuning
 from soagen.runtime.errors import (
     BindingError,
     BufferTooSmallError,
@@ -57,6 +57,7 @@ __all__ = [
     "UnknownNameError",
     "UnsupportedBufferError",
     "check_generated_version",
+    "ensure_cpu_settings",
     "set_cpu_threads",
     "set_malloc_tuning",
 ]
