@@ -171,6 +171,7 @@ class Collection:
     BLOCKS: typing.ClassVar[dict[str, BlockSpec]]
 
     _memory: _Memory
+    _device: torch.device  # the buffer's, fixed for the collection's life; read on every model call
     _geometry: SizedGeometry
     _capacity: int
     _start: int
@@ -218,6 +219,7 @@ class Collection:
     ) -> _C:
         self = cls.__new__(cls)
         self._memory = memory
+        self._device = memory.buffer.device
         self._geometry = sized if sized is not None else geometry(cls, capacity)
         self._capacity = capacity
         self._start = start
@@ -398,7 +400,7 @@ class Collection:
 
     @property
     def device(self) -> torch.device:
-        return self._memory.buffer.device
+        return self._device
 
     @property
     def is_pinned(self) -> bool:
