@@ -176,7 +176,7 @@ def test_client_follows_the_servers_axis_order_and_batch_axis() -> None:
     storage = {
         "node_features": {"name": "node_features", "dims": ["4", "-1"], "data_type": "TYPE_FP32"}
     }
-    # `soagen triton` keeps the declared axes, and batches only with --max-batch-size.
+    # `soagen triton --backend pytorch` keeps the declared axes, without a batch axis.
     declared = {
         "node_features": {"name": "node_features", "dims": [-1, 4], "data_type": "TYPE_FP32"}
     }

@@ -17,7 +17,7 @@ import types
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pytest
 
 from soagen.dsl.loader import load
 from soagen.dtypes import DTYPES
+from soagen.serving.wire import TRITON_DATATYPES, wire_tensor
 from soagen.triton.config import (
     TRITON_TYPES,
     InstanceGroup,
@@ -83,35 +84,54 @@ def _gnn_config(**options: Any) -> ModelConfig:
     return build_config(load(GNN).unwrap(), "EdgeClassifier", Options(**options))
 
 
-def _scaled_schema(tmp_path: Path) -> tuple[Path, str]:
-    schema = tmp_path / "scaled.soa"
-    schema.write_text(SCALED)
-    factory = tmp_path / "scaled_model.py"
-    factory.write_text(SCALED_FACTORY)
+def _schema_files(folder: Path, name: str, schema_text: str, factory_text: str) -> tuple[Path, str]:
+    """`folder/NAME.soa` and `folder/NAME_model.py`; the schema's path and the factory argument."""
+    schema = folder / f"{name}.soa"
+    schema.write_text(schema_text)
+    factory = folder / f"{name}_model.py"
+    factory.write_text(factory_text)
     return schema, f"{factory.as_posix()}:build"
+
+
+def _scaled_schema(tmp_path: Path) -> tuple[Path, str]:
+    return _schema_files(tmp_path, "scaled", SCALED, SCALED_FACTORY)
 
 
 # The config model: torch-free.
 
 
 def test_gnn_config_dims_types_and_names() -> None:
+    """The Python backend's tensors are soagen serve's wire form (storage order, a batch axis of
+    events, ragged); the PyTorch backend's keep the declared axes, one request at a time."""
     config = _gnn_config()
-    assert config.backend == "python" and config.max_batch_size == 0
+    assert config.backend == "python" and config.max_batch_size == 64
     assert [(t.name, t.data_type, t.dims) for t in config.inputs] == [
-        ("node_features", "TYPE_FP32", (-1, 4)),
+        ("node_features", "TYPE_FP32", (4, -1)),
         ("edge_index", "TYPE_INT64", (2, -1)),
-        ("edge_features", "TYPE_FP32", (-1, 2)),
+        ("edge_features", "TYPE_FP32", (2, -1)),
     ]
     assert [(t.name, t.data_type, t.dims) for t in config.outputs] == [
         ("edge_scores", "TYPE_FP32", (-1,))
     ]
-    assert config.dynamic_batching is None
+    # The same tensors `soagen serve` declares, from one definition (soagen.serving.wire).
+    from generated.gnn import EdgeClassifier
+
+    served = [wire_tensor(spec) for spec in (*EdgeClassifier.INPUTS, *EdgeClassifier.OUTPUTS)]
+    assert [(f"TYPE_{w.datatype}", w.dims) for w in served] == [
+        (t.data_type, t.dims) for t in (*config.inputs, *config.outputs)
+    ]
+    assert config.dynamic_batching == 100
+    assert all(t.allow_ragged_batch for t in config.inputs)
     assert config.instance_groups == (InstanceGroup("KIND_CPU", 1),)
     text = render(config)
     assert text == render(_gnn_config())  # deterministic
     assert text.startswith("# Written by soagen ")
-    assert "dynamic_batching" not in text and "allow_ragged_batch" not in text
-    assert "# edge_index: Edges{src, dst} as [c, n], int64" in text
+    assert "# edge_index: Edges{src, dst} as [c, n], int64\n" in text
+    assert "# node_features: Nodes{x, y, z, energy} as [n, c], float32; sent as [c, n]" in text
+    pytorch = _gnn_config(backend="pytorch")
+    assert pytorch.max_batch_size == 0 and pytorch.dynamic_batching is None
+    assert [t.dims for t in pytorch.inputs] == [(-1, 4), (2, -1), (-1, 2)]
+    assert "allow_ragged_batch" not in render(pytorch)
 
 
 def test_pytorch_backend_names_follow_the_index_convention() -> None:
@@ -137,11 +157,14 @@ def test_batching_gpu_and_instances() -> None:
     text = render(config)
     assert "max_batch_size: 16" in text and "max_queue_delay_microseconds: 100" in text
     assert "kind: KIND_GPU" in text and "gpus: [ 0, 1 ]" in text and "count: 2" in text
-    assert "concatenated along each collection's element axis" in text
+    assert "one concatenation along each collection's element axis" in " ".join(config.header)
     with pytest.raises(TritonError, match="PyTorch backend hands ragged"):
         _gnn_config(backend="pytorch", max_batch_size=4)
-    with pytest.raises(TritonError, match="needs --max-batch-size"):
-        _gnn_config(merge_events=True)
+    with pytest.raises(TritonError, match="only --backend python does"):
+        _gnn_config(backend="pytorch", merge_events=True)
+    with pytest.raises(TritonError, match="carry Triton's batch axis"):
+        _gnn_config(max_batch_size=0)
+    assert _gnn_config(max_batch_size=1, merge_events=True).max_batch_size == 1
 
 
 def test_rendered_config_parses_as_triton_model_config() -> None:
@@ -160,12 +183,14 @@ def test_rendered_config_parses_as_triton_model_config() -> None:
         assert parsed.name == "EdgeClassifier"
         assert [list(i.dims) for i in parsed.input] == [list(t.dims) for t in config.inputs]
         assert parsed.max_batch_size == config.max_batch_size
-        assert parsed.input[0].allow_ragged_batch == bool(options.get("max_batch_size"))
+        assert parsed.input[0].allow_ragged_batch == (config.max_batch_size > 0)
 
 
 def test_every_soagen_dtype_has_a_triton_type() -> None:
-    assert set(TRITON_TYPES) == set(DTYPES)
+    assert set(TRITON_TYPES) == set(DTYPES) == set(TRITON_DATATYPES)
     assert TRITON_TYPES["bool"] == "TYPE_BOOL" and TRITON_TYPES["bfloat16"] == "TYPE_BF16"
+    # The wire form (the Python backend's tensors) carries bfloat16 as its bits.
+    assert TRITON_DATATYPES["bfloat16"] == "UINT16"
 
 
 def _config(**changes: Any) -> ModelConfig:
@@ -229,7 +254,7 @@ def test_scalar_inputs_carry_one_value_per_event(tmp_path: Path) -> None:
     schema_path, _ = _scaled_schema(tmp_path)
     schema = load(schema_path).unwrap()
     python = build_config(schema, "Scaled", Options())
-    assert [t.dims for t in python.inputs] == [(-1, 2), (1,)]
+    assert [t.dims for t in python.inputs] == [(2, -1), (1,)]
     assert python.inputs[1].variable == ()
     # The PyTorch backend hands the model what comes: the scalar goes as n values.
     pytorch = build_config(schema, "Scaled", Options(backend="pytorch"))
@@ -328,7 +353,8 @@ def test_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> Non
     [
         ([], "--output-size edge_scores=INPUT"),
         (["--backend", "pytorch", "--max-batch-size", "4"], "PyTorch backend hands ragged"),
-        ([*GNN_SIZES, "--merge-events"], "needs --max-batch-size"),
+        ([*GNN_SIZES, "--max-batch-size", "0"], "--max-batch-size 0: the Python backend"),
+        (["--backend", "pytorch", "--merge-events"], "only --backend python does"),
         ([*GNN_SIZES, "--runtime", "aot", "--package", "PT"], "is a torchscript file"),
         ([*GNN_SIZES, "--output-size", "edge_scores=edge_index"], "gives 'edge_scores' twice"),
         ([*GNN_SIZES, "--index", "edge_index"], "--index takes NAME=VALUE"),
@@ -448,17 +474,6 @@ class _Tensor:
     def as_numpy(self) -> Any:
         return self.value
 
-    def to_dlpack(self) -> Any:
-        import torch
-
-        return torch.utils.dlpack.to_dlpack(self.value)
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> _Tensor:
-        import torch
-
-        return _Tensor(name, torch.utils.dlpack.from_dlpack(capsule))
-
 
 class _TritonError:
     INVALID_ARG, INTERNAL = 3, 13
@@ -508,38 +523,49 @@ def _triton_model(folder: Path, version: str = "1") -> Iterator[Any]:
         del sys.modules["triton_python_backend_utils"]
 
 
-def _gnn_request(n_nodes: int, n_edges: int, seed: int, batch: bool = False) -> dict[str, Any]:
+def _gnn_request(n_nodes: int, n_edges: int, seed: int) -> dict[str, Any]:
+    """One event as a request carries it: each block in storage order (one row per column), after
+    a batch axis of 1."""
     from examples.run_gnn import make_event
 
     nodes, edges = make_event(n_nodes, n_edges, "cpu", seed=seed)
     import torch
 
     arrays = {
-        "node_features": torch.stack([nodes.x, nodes.y, nodes.z, nodes.energy], 1).numpy(),
+        "node_features": torch.stack([nodes.x, nodes.y, nodes.z, nodes.energy]).numpy(),
         "edge_index": torch.stack([edges.src, edges.dst]).numpy(),
-        "edge_features": torch.stack([edges.delta_r, edges.delta_eta], 1).numpy(),
+        "edge_features": torch.stack([edges.delta_r, edges.delta_eta]).numpy(),
     }
-    return {name: _Tensor(name, a[None] if batch else a) for name, a in arrays.items()}
+    return {name: _Tensor(name, a[None]) for name, a in arrays.items()}
 
 
-def _expected(request: dict[str, Any], batch: bool = False) -> Any:
+def _expected(request: dict[str, Any]) -> Any:
+    """The model's edge scores for the request's (first) event, its blocks in declared order."""
     import torch
 
     from examples.gnn_model import build_model
 
-    tensors = [torch.from_numpy(request[n].value) for n in ("node_features", "edge_index")]
-    tensors.append(torch.from_numpy(request["edge_features"].value))
-    if batch:
-        tensors = [t[0] for t in tensors]
+    node_features, edge_index, edge_features = (
+        torch.from_numpy(request[name].value[0])
+        for name in ("node_features", "edge_index", "edge_features")
+    )
     with torch.no_grad():
-        return build_model()(*tensors)
+        return build_model()(node_features.T, edge_index, edge_features.T)
 
 
 @pytest.fixture(scope="module")
 def gnn_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One repository with the GNN served four ways (built once: the server test reuses it)."""
+    """One repository with the GNN served four ways and the bfloat16 model `half_sum` (built once:
+    the server tests reuse it)."""
     pytest.importorskip("torch")
-    out = tmp_path_factory.mktemp("triton") / "repository"
+    root = tmp_path_factory.mktemp("triton")
+    out = root / "repository"
+    schema, factory = _half_schema(root)
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Sum", "--factory", factory, "--name", "half_sum",
+        "-o", str(out),
+    )  # fmt: skip
+    assert status == 0, stderr
     base = ["triton", str(GNN), "--model", "EdgeClassifier", "--factory", FACTORY, *GNN_SIZES]
     for extra in (
         ["--name", "gnn_eager"],
@@ -565,31 +591,37 @@ def test_python_model_runs_one_event_per_request(gnn_repository: Path, name: str
         for request, response in zip(requests, responses, strict=True):
             assert response.error is None
             got = torch.as_tensor(response.tensors["edge_scores"])
-            torch.testing.assert_close(got, _expected(request), rtol=1e-4, atol=1e-5)
+            assert got.shape[0] == 1
+            torch.testing.assert_close(got[0], _expected(request), rtol=1e-4, atol=1e-5)
 
 
 def test_python_model_answers_bad_requests_one_by_one(gnn_repository: Path) -> None:
     good = _gnn_request(20, 40, 1)
     out_of_range = _gnn_request(5, 10, 2)
-    out_of_range["edge_index"].value[0, 3] = 5
+    out_of_range["edge_index"].value[0, 0, 3] = 5
     missing = _gnn_request(5, 10, 3)
     del missing["edge_features"]
     disagree = _gnn_request(5, 10, 4)
-    disagree["edge_features"] = _Tensor("edge_features", disagree["edge_features"].value[:7])
+    disagree["edge_features"] = _Tensor("edge_features", disagree["edge_features"].value[..., :7])
     wrong_dtype = _gnn_request(5, 10, 5)
     wrong_dtype["node_features"].value = wrong_dtype["node_features"].value.astype("float64")
     wrong_shape = _gnn_request(5, 10, 6)
     wrong_shape["node_features"].value = wrong_shape["node_features"].value[:, :3]
+    declared_order = _gnn_request(5, 10, 7)  # [1, n, 4]: the old convention
+    declared_order["node_features"].value = declared_order["node_features"].value.transpose(0, 2, 1)
     with _triton_model(gnn_repository / "gnn_eager") as model:
-        responses = model.execute([good, out_of_range, missing, disagree, wrong_dtype, wrong_shape])
+        responses = model.execute(
+            [good, out_of_range, missing, disagree, wrong_dtype, wrong_shape, declared_order]
+        )
     assert responses[0].error is None
     messages = [r.error.message for r in responses[1:]]
     assert all(r.error.code == _TritonError.INVALID_ARG for r in responses[1:])
     assert "holds indices 0..5, outside [0, 5)" in messages[0]
     assert "input 'edge_features' is missing" in messages[1]
     assert "disagree on the element count of Edges (10 and 7)" in messages[2]
-    assert "holds torch.float64, expected torch.float32" in messages[3]
-    assert "has shape [5, 3], expected [-1, 4]" in messages[4]
+    assert "holds float64, expected float32 (FP32)" in messages[3]
+    assert "has shape [1, 3, 5], expected [b, 4, n]" in messages[4]
+    assert "has shape [1, 5, 4], expected [b, 4, n]" in messages[5]
     assert all(m.startswith("gnn_eager: ") for m in messages)
 
 
@@ -597,16 +629,16 @@ def test_python_model_answers_bad_requests_one_by_one(gnn_repository: Path) -> N
 def test_python_model_runs_gathered_events(gnn_repository: Path, name: str) -> None:
     import torch
 
-    requests = [_gnn_request(10 + 7 * k, 30 + 11 * k, k, batch=True) for k in range(4)]
+    requests = [_gnn_request(10 + 7 * k, 30 + 11 * k, k) for k in range(4)]
     # One request carrying two events of equal shapes: Triton's batch axis of 2.
-    pair = [_gnn_request(6, 9, 10 + k, batch=True) for k in range(2)]
+    pair = [_gnn_request(6, 9, 10 + k) for k in range(2)]
     requests.append(
         {
             n: _Tensor(n, __import__("numpy").concatenate([p[n].value for p in pair]))
             for n in pair[0]
         }
     )
-    bad = _gnn_request(4, 4, 20, batch=True)
+    bad = _gnn_request(4, 4, 20)
     bad["edge_index"].value[0, 0, 0] = -1
     requests.insert(2, bad)
     with _triton_model(gnn_repository / name) as model:
@@ -621,11 +653,11 @@ def test_python_model_runs_gathered_events(gnn_repository: Path, name: str) -> N
         assert response.error is None
         got = torch.as_tensor(response.tensors["edge_scores"])
         assert got.shape[0] == 1
-        torch.testing.assert_close(got[0], _expected(request, batch=True), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[0], _expected(request), rtol=1e-4, atol=1e-5)
     got = torch.as_tensor(responses[5].tensors["edge_scores"])
     assert got.shape == (2, 9)
     for k, one in enumerate(pair):
-        torch.testing.assert_close(got[k], _expected(one, batch=True), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[k], _expected(one), rtol=1e-4, atol=1e-5)
 
 
 def test_python_model_with_scalars_in_place_outputs_and_counts(tmp_path: Path) -> None:
@@ -639,40 +671,67 @@ def test_python_model_with_scalars_in_place_outputs_and_counts(tmp_path: Path) -
     assert status == 0, stderr
     points = torch.arange(10, dtype=torch.float32).reshape(5, 2)
     request = {
-        "points": _Tensor("points", points.numpy()),
-        "scale": _Tensor("scale", torch.tensor([2.0]).numpy()),
+        "points": _Tensor("points", points.T.contiguous()[None].numpy()),  # [1, c, n]
+        "scale": _Tensor("scale", torch.tensor([[2.0]]).numpy()),  # one value per event
     }
     with _triton_model(out / "Scaled") as model:
         (response,) = model.execute([request])
     assert response.error is None
     scaled = points.sum(1) * 2
-    torch.testing.assert_close(torch.as_tensor(response.tensors["scaled"]), scaled)
-    torch.testing.assert_close(torch.as_tensor(response.tensors["total"]), scaled.sum()[None])
+    torch.testing.assert_close(torch.as_tensor(response.tensors["scaled"]), scaled[None])
+    torch.testing.assert_close(torch.as_tensor(response.tensors["total"]), scaled.sum()[None, None])
 
 
-def test_python_model_carries_bfloat16_through_dlpack(tmp_path: Path) -> None:
+# A bfloat16 model: NumPy has no bfloat16, so its blocks travel as their bits (UINT16).
+HALF = """\
+layout A {
+    column bfloat16 x, y
+    column bfloat16 out
+}
+
+model Sum {
+    input xy = A{x, y} as [n, c]
+    output out = A{out}
+}
+"""
+HALF_FACTORY = """\
+import torch
+
+
+class Sum(torch.nn.Module):
+    def forward(self, xy):
+        return xy.sum(1)
+
+
+def build():
+    return Sum()
+"""
+
+
+def _half_schema(folder: Path) -> tuple[Path, str]:
+    return _schema_files(folder, "half", HALF, HALF_FACTORY)
+
+
+def test_python_model_carries_bfloat16_as_its_bits(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    schema = tmp_path / "half.soa"
-    schema.write_text(
-        "layout A {\n    column bfloat16 x, y\n    column bfloat16 out\n}\n"
-        "model Sum {\n    input xy = A{x, y} as [n, c]\n    output out = A{out}\n}\n"
-    )
-    factory = tmp_path / "half_model.py"
-    factory.write_text(
-        "import torch\n\nclass Sum(torch.nn.Module):\n"
-        "    def forward(self, xy):\n        return xy.sum(1)\n\ndef build():\n    return Sum()\n"
-    )
+    schema, factory = _half_schema(tmp_path)
     out = tmp_path / "repo"
     status, _, stderr = run_cli(
-        "triton", str(schema), "--model", "Sum", "--factory", f"{factory}:build", "-o", str(out)
+        "triton", str(schema), "--model", "Sum", "--factory", factory, "-o", str(out)
     )
     assert status == 0, stderr
-    assert "TYPE_BF16" in (out / "Sum" / "config.pbtxt").read_text()
+    config = (out / "Sum" / "config.pbtxt").read_text()
+    assert "TYPE_UINT16" in config and "TYPE_BF16" not in config
     xy = torch.randn(6, 2).to(torch.bfloat16)
+    bits = xy.T.contiguous().view(torch.int16).numpy().view("uint16")[None]  # [1, 2, 6]
     with _triton_model(out / "Sum") as model:
-        (response,) = model.execute([{"xy": _Tensor("xy", xy)}])
+        (response,) = model.execute([{"xy": _Tensor("xy", bits)}])
+        (wrong,) = model.execute([{"xy": _Tensor("xy", bits.view("float16"))}])
     assert response.error is None
-    torch.testing.assert_close(response.tensors["out"], xy.sum(1))
+    got = response.tensors["out"]
+    assert got.dtype.name == "uint16" and got.shape == (1, 6)
+    assert torch.equal(torch.from_numpy(got.view("int16")).view(torch.bfloat16)[0], xy.sum(1))
+    assert "holds float16, expected uint16 (UINT16)" in wrong.error.message
 
 
 # A real tritonserver: the one PyTriton's wheel bundles, with its Python backend.
@@ -722,9 +781,17 @@ def _server_command(
     return command, env
 
 
+@dataclass(frozen=True)
+class _Addresses:
+    http: str
+    grpc: str
+
+
 @pytest.fixture(scope="module")
-def triton_server(gnn_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """tritonserver on 127.0.0.1 serving `gnn_repository`; its HTTP address."""
+def triton_server(
+    gnn_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Addresses]:
+    """tritonserver on 127.0.0.1 serving `gnn_repository`; its HTTP and gRPC addresses."""
     pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
     root = tmp_path_factory.mktemp("tritonserver")
     http, grpc = free_ports(2)
@@ -749,7 +816,7 @@ def triton_server(gnn_repository: Path, tmp_path_factory: pytest.TempPathFactory
             if time.monotonic() > deadline:
                 pytest.fail(f"tritonserver not ready in 60 s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield address
+        yield _Addresses(address, f"127.0.0.1:{grpc}")
     finally:
         process.terminate()
         try:
@@ -776,37 +843,40 @@ def _infer(client: Any, model: str, request: dict[str, Any], *, wait: bool = Tru
     return client.infer(model, inputs) if wait else client.async_infer(model, inputs)
 
 
-def test_real_server_matches_local_execution(triton_server: str) -> None:
+def test_real_server_matches_local_execution(triton_server: _Addresses) -> None:
     import numpy
     import torch
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    client = httpclient.InferenceServerClient(triton_server, concurrency=8)
+    client = httpclient.InferenceServerClient(triton_server.http, concurrency=8)
     try:
         for model in ("gnn_eager", "gnn_torchscript"):
             assert client.is_model_ready(model)
             for n_nodes, n_edges, seed in ((50, 200, 1), (3, 1, 2), (1000, 5000, 3)):
                 request = _gnn_request(n_nodes, n_edges, seed)
                 scores = _infer(client, model, request).as_numpy("edge_scores")
-                assert scores.shape == (n_edges,)
+                assert scores.shape == (1, n_edges)
                 torch.testing.assert_close(
-                    torch.from_numpy(numpy.array(scores)), _expected(request), rtol=1e-4, atol=1e-5
+                    torch.from_numpy(numpy.array(scores[0])),
+                    _expected(request),
+                    rtol=1e-4,
+                    atol=1e-5,
                 )
         bad = _gnn_request(5, 10, 4)
-        bad["edge_index"].value[1, 2] = 99
+        bad["edge_index"].value[0, 1, 2] = 99
         with pytest.raises(InferenceServerException, match=r"outside \[0, 5\)"):
             _infer(client, "gnn_eager", bad)
         # Events of different sizes, sent at once: the dynamic batcher gathers them (ragged inputs)
         # and gnn_merged runs each gathered set as one concatenation.
         for model in ("gnn_batched", "gnn_merged"):
-            requests = [_gnn_request(10 + 7 * k, 30 + 11 * k, k, batch=True) for k in range(6)]
+            requests = [_gnn_request(10 + 7 * k, 30 + 11 * k, k) for k in range(6)]
             pending = [_infer(client, model, r, wait=False) for r in requests]
             for request, call in zip(requests, pending, strict=True):
                 scores = call.get_result().as_numpy("edge_scores")
                 torch.testing.assert_close(
                     torch.from_numpy(numpy.array(scores[0])),
-                    _expected(request, batch=True),
+                    _expected(request),
                     rtol=1e-4,
                     atol=1e-5,
                 )
@@ -815,3 +885,50 @@ def test_real_server_matches_local_execution(triton_server: str) -> None:
             assert int(stats["execution_count"]) < 6, stats  # gathered, not one by one
     finally:
         client.close()
+
+
+def test_remote_binding_calls_a_python_backend_repository(
+    triton_server: _Addresses, tmp_path: Path
+) -> None:
+    """`Model.remote()` reads the repository's configuration (soagen serve's wire form) and runs
+    the model there: results equal local execution bit for bit, through shared memory or in the
+    request, one event at a time or with events merged; bfloat16 travels as its bits."""
+    import torch
+
+    from examples.gnn_model import INDEX_BOUNDS, build_model
+    from generated.gnn import EdgeClassifier, EdgeScores
+    from soagen.serving.server import load_binding
+
+    from .test_serving import _event
+
+    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    for model, shared_memory in (
+        ("gnn_eager", None),
+        ("gnn_eager", False),
+        ("gnn_torchscript", None),
+        ("gnn_merged", None),
+    ):
+        with EdgeClassifier.remote(
+            triton_server.grpc, model_name=model, shared_memory=shared_memory, timeout=30
+        ) as remote:
+            for n_nodes, n_edges, seed in ((50, 200, 1), (3, 1, 2), (1000, 5000, 3)):
+                nodes, edges = _event(n_nodes, n_edges, seed)
+                expected = EdgeScores.allocate(n_edges, zero=True)
+                local(nodes, edges, out=expected)
+                got = EdgeScores.allocate(n_edges, zero=True)
+                remote(nodes, edges, out=got)
+                assert torch.equal(got.score, expected.score), (model, n_nodes, n_edges)
+            assert remote.uses_shared_memory == (shared_memory is None)
+            assert remote.stats.writes == 3 and remote.stats.fallbacks == 0
+            assert (remote.stats.bytes_shared > 0) == (shared_memory is None)
+    # bfloat16: the repository declares UINT16, which the client sends and reads as bfloat16 bits.
+    schema, _ = _half_schema(tmp_path)  # the schema half_sum was written for
+    loaded = load_binding(schema, "Sum")
+    collection = loaded.layouts["A"].allocate(7, zero=True)
+    generator = torch.Generator().manual_seed(0)
+    for column in (collection.x, collection.y):
+        column.copy_(torch.randn(column.shape, generator=generator).to(torch.bfloat16))
+    with loaded.binding.remote(triton_server.grpc, model_name="half_sum", timeout=30) as remote:
+        remote(collection, out=collection)
+    assert collection.out.dtype == torch.bfloat16
+    assert torch.equal(collection.out, torch.stack([collection.x, collection.y], 1).sum(1))

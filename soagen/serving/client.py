@@ -6,9 +6,10 @@ the model differs. Per call (per slice with `batch_size`) it sends one request o
 input block once, in its wire form (`soagen.serving.wire`), and waits for the response.
 
 Tensors. At its first call the client reads the served model's configuration and sends each block
-as the server declares it: in storage order with a batch axis of 1 (`soagen serve`, see
-`soagen.serving.wire`), or in declared order, with or without a batch axis (a model repository
-written by `soagen triton`, served by any tritonserver); a tensor missing or of another shape or
+as the server declares it: in soagen's wire form, storage order with a batch axis of 1 and bfloat16
+as its bits (`soagen serve`, and the Python-backend repositories of `soagen triton` on any
+tritonserver; see `soagen.serving.wire`), or in declared order without a batch axis (the libtorch
+repositories of `soagen triton --backend pytorch`); a tensor missing or of another shape or
 datatype is a `RemoteConfigurationError` before anything is sent.
 
 Copies. With shared memory (`shared_memory=`, by default when the server is on a loopback address)
@@ -370,7 +371,8 @@ class RemoteBinding(ModelBinding):
 
     def _configure(self) -> None:
         """Read the served model's configuration once: each binding's tensor in storage order
-        (`soagen serve`) or in declared order (`soagen triton`), with a batch axis or without."""
+        (`soagen serve`, `soagen triton`'s Python backend) or in declared order (its PyTorch
+        backend), with a batch axis (`max_batch_size` > 0) or without."""
         with self._configure_lock:
             if self._configured:
                 return

@@ -27,6 +27,7 @@ from soagen.cli import (
     path_argument,
 )
 from soagen.serving.errors import ServeError
+from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE
 
 
 def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
@@ -73,9 +74,9 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
     serve.add_argument(
         "--max-batch-size",
         type=int,
-        default=64,
+        default=DEFAULT_MAX_BATCH_SIZE,
         metavar="EVENTS",
-        help="most events Triton gathers into one execution (default 64)",
+        help=f"most events Triton gathers into one execution (default {DEFAULT_MAX_BATCH_SIZE})",
     )
     serve.add_argument(
         "--max-queue-delay-us",

@@ -60,7 +60,12 @@ from soagen.runtime.cpu import ensure_malloc_tuning
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import ServeError
 from soagen.serving.events import EventError, EventInput, EventLoader
-from soagen.serving.wire import WireTensor, declared_order, wire_tensors
+from soagen.serving.wire import (
+    DEFAULT_MAX_BATCH_SIZE,
+    WireTensor,
+    declared_order,
+    wire_tensors,
+)
 
 if typing.TYPE_CHECKING:
     import torch
@@ -69,7 +74,6 @@ if typing.TYPE_CHECKING:
 PYTRITON_VERSION = "0.7.0"
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_HTTP_PORT = 8000
-DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_QUEUE_DELAY_US = 500
 DEFAULT_EXIT_TIMEOUT_S = 3
 
@@ -232,11 +236,9 @@ class EventRunner:
         tensors = {}
         for spec, wire in zip(cls.INPUTS, self.inputs, strict=True):
             array = arrays[wire.name]
-            if array.ndim != len(wire.dims) + 1 or array.shape[0] != 1:
-                raise EventError(
-                    f"input {wire.name!r} has shape {list(array.shape)}; one event per request: "
-                    f"{wire.describe()}"
-                )
+            problem = wire.shape_problem(array.shape)
+            if problem is not None:
+                raise EventError(f"input {wire.name!r} {problem}: one event per request")
             tensors[spec.name] = tensor_of(array[0], wire.dtype).permute(wire.inverse)
         collections, _ = self.loader.load([self.loader.event(tensors)], self.device)
         inputs = {spec.name: collections[spec.block.layout] for spec in cls.INPUTS}

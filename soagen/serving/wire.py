@@ -1,7 +1,11 @@
 """How a binding's block travels to and from a Triton server: name, datatype, axis order, dims.
 
-Pure Python (no torch, NumPy or tritonclient), so the server, the client and tools agree on one
-definition.
+Pure Python (no torch, NumPy or tritonclient), so the servers, the client and tools agree on one
+definition: `soagen serve` and the Python-backend repositories of `soagen triton` (their
+`config.pbtxt`, built from the schema by `schema_wire_tensor`, and their `model.py`) speak it, and
+`Model.remote` sends it. Only the libtorch repositories of `soagen triton --backend pytorch` keep
+the declared axis order (`declared_order`) without a batch axis: the TorchScript model takes its
+tensors as they come.
 
 Axis order. A block is a strided view of the SoA buffer: in `Nodes{x, y, z, energy} as [n, c]` the
 element axis runs fastest in memory (stride 1) and each member is one contiguous column. Triton takes
@@ -12,9 +16,11 @@ transpose, and the receiver's view back in declared order has exactly the SoA st
 padding. A CMSSW producer's buffer has the same storage order, so a C++ client (SONIC) sends its
 columns as they are.
 
-Batch axis. Each request is one event: the tensor's first axis is Triton's batch axis, of size 1.
-Triton's dynamic batcher gathers concurrent events (of any element counts: the inputs allow ragged
-batches) into one execution; the server runs the model once per event (see `soagen.serving.server`).
+Batch axis. Each request is one event: the tensor's first axis is Triton's batch axis, of size 1
+(`max_batch_size` >= 1, so the configuration's dims leave it out). Triton's dynamic batcher gathers
+concurrent events (of any element counts: the inputs allow ragged batches) into one execution; the
+server runs the model once per event (see `soagen.serving.server`), or, in a `soagen triton`
+repository written with `--merge-events`, once per execution.
 
 bfloat16 travels as its raw 16-bit patterns (`UINT16`): NumPy has no bfloat16, and the server and
 the client reinterpret the bits without converting them.
@@ -22,9 +28,12 @@ the client reinterpret the bits without converting them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from soagen.dsl.ir import Binding, Layout
 from soagen.dtypes import DTYPES
+from soagen.layout import block_axes, block_view
 from soagen.runtime.spec import BindingSpec
 
 # Triton's name for each dtype of the .soa language.
@@ -46,6 +55,8 @@ TRITON_DATATYPES: dict[str, str] = {
 
 # An element count at which every pitch exceeds 1 element, so strides sort the axes unambiguously.
 _PROBE_ELEMENTS = 1000
+# Events a served model's execution gathers at most, unless told otherwise.
+DEFAULT_MAX_BATCH_SIZE = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,31 +96,79 @@ class WireTensor:
         shape = tuple(declared_shape[axis] for axis in self.order)
         return (1, *shape) if self.batched else shape
 
+    def one_value(self) -> WireTensor:
+        """The tensor of a block of scalars sent once per event (`soagen triton`'s Python backend):
+        1 on the element axis."""
+        return replace(self, dims=tuple(1 if size == -1 else size for size in self.dims))
+
+    def shape_text(self, batch: str = "1") -> str:
+        """`[1, 4, n]`: the shape of the tensor a request carries, batch axis first."""
+        dims = ["n" if size == -1 else str(size) for size in self.dims]
+        return f"[{', '.join([batch, *dims] if self.batched else dims)}]"
+
     def describe(self) -> str:
         """`node_features: FP32 [1, 4, n]`: the tensor a request carries, batch axis first."""
-        dims = ["n" if size == -1 else str(size) for size in self.dims]
-        return f"{self.name}: {self.datatype} [{', '.join(['1', *dims] if self.batched else dims)}]"
+        return f"{self.name}: {self.datatype} {self.shape_text()}"
+
+    def shape_problem(self, shape: Sequence[int], events: int | None = 1) -> str | None:
+        """Why a request's tensor of `shape` (batch axis included) is not this tensor, or None.
+        `events`: the size the batch axis must have (None: any)."""
+        wire = tuple(shape[1:] if self.batched else shape)
+        if (
+            len(wire) != len(self.dims)
+            or (self.batched and events is not None and shape[0] != events)
+            or any(want != -1 and got != want for got, want in zip(wire, self.dims, strict=True))
+        ):
+            expected = self.shape_text("b" if events is None else str(events))
+            return f"has shape {list(shape)}, expected {expected} (n: any element count)"
+        return None
 
 
 def wire_tensor(spec: BindingSpec) -> WireTensor:
     """The wire form of one input or output binding."""
     block = spec.block
     probe = block.view(_PROBE_ELEMENTS)
-    axes = block.axes
+    return _wire_tensor(
+        spec.name, spec.direction, block.layout, block.dtype, block.axes, probe.shape, probe.strides
+    )
+
+
+def schema_wire_tensor(binding: Binding, layout: Layout, direction: str) -> WireTensor:
+    """The wire form of a binding of a checked schema, as `wire_tensor` gives it for the generated
+    binding (no generated code needed: `soagen triton` writes its configuration from this)."""
+    first = layout.member(binding.member_names[0])
+    assert first is not None, "schema_wire_tensor expects a checked binding"
+    shape, strides, _ = block_view(layout, binding).evaluate(_PROBE_ELEMENTS, layout.align)
+    axes = block_axes(binding, first)
+    return _wire_tensor(
+        binding.name, direction, layout.name, first.dtype_name, axes, shape, strides
+    )
+
+
+def _wire_tensor(
+    name: str,
+    direction: str,
+    layout: str,
+    dtype: str,
+    axes: tuple[str, ...],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+) -> WireTensor:
+    """The wire form of a block of `axes` whose view of `_PROBE_ELEMENTS` elements has `shape` and
+    `strides`."""
 
     def sort_key(axis: int) -> tuple[bool, int, int]:
-        return (axes[axis] == "n", -probe.strides[axis], axis)
+        return (axes[axis] == "n", -strides[axis], axis)
 
     order = tuple(sorted(range(len(axes)), key=sort_key))
-    dims = tuple(-1 if axes[axis] == "n" else probe.shape[axis] for axis in order)
-    numpy_name = DTYPES[block.dtype].numpy_name or "uint16"
+    dims = tuple(-1 if axes[axis] == "n" else shape[axis] for axis in order)
     return WireTensor(
-        name=spec.name,
-        direction=spec.direction,
-        layout=block.layout,
-        dtype=block.dtype,
-        datatype=TRITON_DATATYPES[block.dtype],
-        numpy_dtype=numpy_name,
+        name=name,
+        direction=direction,
+        layout=layout,
+        dtype=dtype,
+        datatype=TRITON_DATATYPES[dtype],
+        numpy_dtype=DTYPES[dtype].numpy_name or "uint16",
         axes=axes,
         order=order,
         dims=dims,
@@ -121,8 +180,8 @@ def wire_tensors(specs: tuple[BindingSpec, ...]) -> tuple[WireTensor, ...]:
 
 
 def declared_order(wire: WireTensor) -> WireTensor:
-    """The same binding with its axes in declared order (`[n, 4]` for `as [n, c]`), as a model
-    repository that keeps the declared axes (`soagen triton`) has it."""
+    """The same binding with its axes in declared order (`[n, 4]` for `as [n, c]`), as a libtorch
+    model repository (`soagen triton --backend pytorch`) has it."""
     dims = [0] * len(wire.order)
     for wire_axis, block_axis in enumerate(wire.order):
         dims[block_axis] = wire.dims[wire_axis]

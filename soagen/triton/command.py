@@ -23,6 +23,7 @@ from soagen.cli import (
     path_argument,
 )
 from soagen.dsl.loader import load
+from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE
 from soagen.triton.config import (
     BACKENDS,
     DEFAULT_QUEUE_DELAY_US,
@@ -89,10 +90,11 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
     triton.add_argument(
         "--max-batch-size",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="python backend: gather up to N events (ragged inputs, dynamic batching); default 0, "
-        "one request at a time",
+        help="python backend: gather up to N events per execution (ragged inputs, dynamic "
+        f"batching; default {DEFAULT_MAX_BATCH_SIZE}); the pytorch backend takes one request at "
+        "a time",
     )
     triton.add_argument(
         "--max-queue-delay-us",

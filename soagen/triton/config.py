@@ -1,22 +1,26 @@
 """The `config.pbtxt` of a schema's model: a torch-free model of Triton's model configuration, built
 from the checked IR, validated against Triton's rules and rendered as text protobuf.
 
-Tensors. Each binding becomes one Triton tensor of the binding's block: its dtype as Triton's
-`TYPE_*`, its axes as `dims`, with -1 for the element axis `n` (the only variable one) and the
-block's fixed extents (`c`, array extents) as numbers. An input block of scalars broadcasts over
-`n` in the model, so its tensor carries the one value per event: 1 on that axis.
+Tensors. Each binding becomes one Triton tensor of the binding's block, with -1 for the element
+axis `n` (the only variable one) and the block's fixed extents (`c`, array extents) as numbers.
+The Python backend's tensors are the blocks' wire form, the one `soagen serve` speaks
+(`soagen.serving.wire`): axes in storage order (`node_features` of `as [n, c]` as `[4, -1]`, each
+column contiguous, as a CMSSW producer's buffer holds it) and bfloat16 as its raw bits
+(`TYPE_UINT16`). The PyTorch backend hands the tensors to the TorchScript model as they come, so
+its tensors keep the declared axis order (`[-1, 4]`) and dtype (`TYPE_BF16`, which that backend
+lacks). An input block of scalars broadcasts over `n` in the model, so its Python-backend tensor
+carries the one value per event: 1 on that axis.
 
 Events and batching. One request carries one event: the blocks of its collections, whose element
 counts differ from event to event. Triton's ordinary batching stacks requests along a new first
-axis, which only works for equal shapes, so by default `max_batch_size` is 0 and Triton hands the
-model one request at a time. With `max_batch_size` > 0 (Python backend only) every input is a
-ragged input (`allow_ragged_batch`), so the dynamic batcher gathers requests whatever their element
-counts, each request's tensors gain Triton's leading batch axis (one event per entry, usually 1),
-and the backend's `model.py` runs the gathered events one by one, or, with `merge_events`, as one
-concatenation along each collection's element axis, splitting the outputs back per request (see
-`soagen.triton.python_model`). The PyTorch backend would hand ragged inputs to the model flattened
-into 1-D tensors, which a model written for SoA blocks does not take, so it keeps
-`max_batch_size` 0.
+axis, which only works for equal shapes. The Python backend's inputs are ragged inputs
+(`allow_ragged_batch`), as `soagen serve`'s: `max_batch_size` is at least 1 (64 by default), each
+request's tensors carry Triton's leading batch axis (one event per entry, usually 1), the dynamic
+batcher gathers requests whatever their element counts, and the backend's `model.py` runs the
+gathered events one by one, or, with `merge_events`, as one concatenation along each collection's
+element axis, splitting the outputs back per request (see `soagen.triton.python_model`). The
+PyTorch backend would hand ragged inputs to the model flattened into 1-D tensors, which a model
+written for SoA blocks does not take, so it keeps `max_batch_size` 0: one request at a time.
 
 Names. The Python backend maps names itself, so its tensors are named after the bindings
 ("schema"), or `<binding>__<i>` ("index"). Triton's PyTorch backend binds config names to the
@@ -28,30 +32,27 @@ TorchScript `forward` either by the `<name>__<index>` convention ("index", the d
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema
 from soagen.generator.pyformat import comment_text
-from soagen.layout import block_axes, block_view
+from soagen.layout import block_axes
+from soagen.serving.wire import (
+    DEFAULT_MAX_BATCH_SIZE,
+    TRITON_DATATYPES,
+    WireTensor,
+    declared_order,
+    schema_wire_tensor,
+)
 
-# soagen dtype -> Triton data type.
+# soagen dtype -> Triton's data type of the dtype itself (the PyTorch backend's tensors); the
+# Python backend's tensors have their wire datatype (`TYPE_` + TRITON_DATATYPES: bfloat16's bits).
 TRITON_TYPES: dict[str, str] = {
-    "bool": "TYPE_BOOL",
-    "int8": "TYPE_INT8",
-    "int16": "TYPE_INT16",
-    "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64",
-    "uint8": "TYPE_UINT8",
-    "uint16": "TYPE_UINT16",
-    "uint32": "TYPE_UINT32",
-    "uint64": "TYPE_UINT64",
-    "float16": "TYPE_FP16",
-    "bfloat16": "TYPE_BF16",
-    "float32": "TYPE_FP32",
-    "float64": "TYPE_FP64",
-}
+    dtype: f"TYPE_{datatype}" for dtype, datatype in TRITON_DATATYPES.items()
+} | {"bfloat16": "TYPE_BF16"}
 # Every data type Triton's model configuration knows (TYPE_STRING: bytes, which soagen never uses).
 VALID_TYPES = frozenset(TRITON_TYPES.values()) | {"TYPE_STRING"}
 # What Triton's PyTorch (libtorch) backend converts to torch tensors (libtorch_utils.cc).
@@ -299,12 +300,13 @@ def _string(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """How to serve the model; the defaults serve it on one CPU instance, one event per request."""
+    """How to serve the model; the defaults serve it on one CPU instance, one event per request,
+    gathering up to DEFAULT_MAX_BATCH_SIZE requests per execution (Python backend)."""
 
     backend: str = "python"
     naming: str | None = None  # None: DEFAULT_NAMING of the backend
     name: str | None = None  # the Triton model name; None: the schema's model name
-    max_batch_size: int = 0
+    max_batch_size: int | None = None  # None: DEFAULT_MAX_BATCH_SIZE (python), 0 (pytorch)
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
     merge_events: bool = False
     kind: str = "cpu"  # "cpu" or "gpu"
@@ -388,17 +390,26 @@ def build_config(
         )
     if options.kind not in ("cpu", "gpu"):
         raise TritonError(f"--device must be cpu or gpu, got {options.kind!r}", usage=True)
-    if options.max_batch_size and options.backend == "pytorch":
+    python = options.backend == "python"
+    max_batch_size = max_batch_size_of(options)
+    if max_batch_size and not python:
         raise TritonError(
             "--max-batch-size: Triton's PyTorch backend hands ragged (variable element count) "
             "inputs to the model flattened to 1-D, which a model of SoA blocks does not take; "
             "batch events with --backend python",
             usage=True,
         )
-    if options.merge_events and options.max_batch_size < 1:
+    if options.merge_events and not python:
         raise TritonError(
-            "--merge-events merges the requests the dynamic batcher gathers: it needs "
-            "--max-batch-size N (N > 0)",
+            "--merge-events merges the requests the dynamic batcher gathers, which only "
+            "--backend python does",
+            usage=True,
+        )
+    if python and max_batch_size < 1:
+        raise TritonError(
+            f"--max-batch-size {max_batch_size}: the Python backend's requests carry Triton's "
+            f"batch axis (one event each, as soagen serve's do), so it needs N >= 1 (1: one "
+            f"event per execution)",
             usage=True,
         )
     layouts = schema.layouts
@@ -411,7 +422,6 @@ def build_config(
                     f"cannot hold for several events",
                     usage=True,
                 )
-    python = options.backend == "python"
     if python:
         counted = {
             b.layout_name for b in model.inputs if not is_scalar_block(layouts[b.layout_name], b)
@@ -425,23 +435,24 @@ def build_config(
                     usage=True,
                 )
     names = tensor_names(model, options)
-    batched = options.max_batch_size > 0
+    batched = max_batch_size > 0
 
     def tensor(binding: Binding, role: str) -> TensorConfig:
         layout = layouts[binding.layout_name]
-        view = block_view(layout, binding)
-        # The Python backend writes a scalar input's one value into the collection, where the
-        # model sees it broadcast over n; the PyTorch backend hands the model what comes.
+        wire = tensor_wire(binding, layout, role, python)
         scalar = is_scalar_block(layout, binding) and role == "input" and python
-        dims = tuple((1 if scalar else -1) if size is None else size for size in view.shape)
-        variable = () if scalar else tuple(i for i, size in enumerate(view.shape) if size is None)
+        variable = () if scalar else tuple(i for i, size in enumerate(wire.dims) if size == -1)
         comment = f"{binding.name}: {block_text(binding, layout)}"
+        if wire.order != tuple(range(len(wire.order))):
+            comment += f"; sent as [{', '.join(wire.axes[axis] for axis in wire.order)}]"
         if scalar:
             comment += " (scalars: one value per event)"
+        if python and wire.dtype == "bfloat16":
+            comment += " (bfloat16 as its raw bits)"
         return TensorConfig(
             name=names[binding.name],
-            data_type=TRITON_TYPES[view.dtype],
-            dims=dims,
+            data_type=f"TYPE_{wire.datatype}" if python else TRITON_TYPES[wire.dtype],
+            dims=wire.dims,
             variable=variable,
             allow_ragged_batch=batched and role == "input",
             comment=comment,
@@ -451,46 +462,68 @@ def build_config(
     config = ModelConfig(
         name=options.name or model.name,
         backend=options.backend,
-        max_batch_size=options.max_batch_size,
+        max_batch_size=max_batch_size,
         inputs=tuple(tensor(binding, "input") for binding in model.inputs),
         outputs=tuple(tensor(binding, "output") for binding in model.outputs),
         instance_groups=(InstanceGroup(kind, options.count, options.gpus),),
         dynamic_batching=options.max_queue_delay_us if batched else None,
         default_model_filename="model.pt" if options.backend == "pytorch" else None,
-        header=_header(model, path, options),
+        header=_header(model, path, options, max_batch_size),
     )
     return check(config)
 
 
-def _header(model: Model, schema_path: str, options: Options) -> tuple[str, ...]:
-    lines = [
+def max_batch_size_of(options: Options) -> int:
+    """`options.max_batch_size`, or its backend's default."""
+    if options.max_batch_size is not None:
+        return options.max_batch_size
+    return DEFAULT_MAX_BATCH_SIZE if options.backend == "python" else 0
+
+
+def tensor_wire(binding: Binding, layout: Layout, role: str, python: bool) -> WireTensor:
+    """How a binding's tensor travels: the wire form (Python backend), or its declared axes without
+    a batch axis (PyTorch backend). The Python backend writes a scalar input's one value into the
+    collection, where the model sees it broadcast over n: its tensor has 1 on the element axis."""
+    wire = schema_wire_tensor(binding, layout, role)
+    if not python:
+        return replace(declared_order(wire), batched=False)
+    if role == "input" and is_scalar_block(layout, binding):
+        return wire.one_value()
+    return wire
+
+
+def _header(
+    model: Model, schema_path: str, options: Options, max_batch_size: int
+) -> tuple[str, ...]:
+    if max_batch_size == 0:
+        text = (
+            "One request is one event: each input is one SoA block of the event's collections in "
+            "its declared axis order, -1 on its element axis (n); the outputs come back the same "
+            "way. max_batch_size 0: events have different element counts, which Triton's batching "
+            "cannot stack, so the model takes one request at a time."
+        )
+    else:
+        how = (
+            "as one concatenation along each collection's element axis (index inputs shifted), "
+            "splitting the outputs per request"
+            if options.merge_events
+            else "one by one"
+        )
+        text = (
+            "One request is one event: each input is one SoA block of the event's collections in "
+            "the wire form of `soagen serve` (soagen.serving.wire): axes in storage order, -1 on "
+            "the element axis (n), bfloat16 as UINT16 bits, after Triton's batch axis (b events "
+            "of equal shapes, usually b = 1); the outputs come back the same way. "
+            f"max_batch_size {max_batch_size}, ragged inputs: the dynamic batcher gathers "
+            f"requests whatever their element counts, and model.py runs the gathered events {how}."
+        )
+    return (
         f"Written by soagen {soagen.__version__} (`soagen triton`) for model {model.name} of "
         f"{comment_text(schema_path)}: do not edit.",
         "Write it again with `soagen triton` after changing the schema.",
         "",
-        "One request is one event: each input is one SoA block of the event's collections, the",
-        "-1 dim its element axis (n); the outputs come back the same way.",
-    ]
-    if options.max_batch_size == 0:
-        lines += [
-            "max_batch_size 0: events have different element counts, which Triton's batching",
-            "cannot stack, so the model takes one request at a time.",
-        ]
-    else:
-        how = (
-            "concatenated along each collection's element axis (index inputs shifted), and splits "
-            "the outputs per request"
-            if options.merge_events
-            else "one by one"
-        )
-        lines += [
-            f"max_batch_size {options.max_batch_size}, ragged inputs: each request adds a leading "
-            "batch axis (b events of",
-            "equal shapes, usually b = 1); the dynamic batcher gathers requests whatever their "
-            "element counts",
-            f"and model.py runs the gathered events {how}.",
-        ]
-    return tuple(lines)
+        *textwrap.wrap(text, width=98),
+    )
 
 
 def output_sizes(

@@ -7,19 +7,22 @@ binding, the runtime, the tensor names, how large each output's collection is pe
 bounds), the schema's generated modules in `soagen_generated/` and the model file (`model.pt2`,
 `model.pt`, or `factory.py` with `weights.pt`).
 
-Per event, every input tensor is copied into its block of a freshly allocated collection on the
-instance's device (Triton hands the backend contiguous host tensors, and a compiled package reads
-its inputs with the SoA strides it was exported with; `soagen.serving.events`, which `soagen serve`
-shares), the model runs through `ModelBinding.run` with all of its checks (index ranges, outputs,
-inputs left unmodified), and each output block is returned as a contiguous tensor.
+Tensors travel in soagen's wire form, the one `soagen serve` speaks (`soagen.serving.wire`): each
+block with its axes in storage order (`node_features` of `as [n, c]` as `[b, 4, n]`), bfloat16 as
+its raw bits (UINT16), after Triton's batch axis. Every request's tensors carry b events of equal
+shapes (usually b = 1; `max_batch_size` >= 1, ragged inputs). Per event, every input tensor is
+copied into its block of a freshly allocated collection on the instance's device (one copy per
+block, from the wire order into the layout's pitches: a compiled package reads its inputs with the
+SoA strides it was exported with; `soagen.serving.events`, which `soagen serve` shares), the model
+runs through `ModelBinding.run` with all of its checks (index ranges, outputs, inputs left
+unmodified), and each output block is returned in its wire order.
 
-Batching (`max_batch_size` > 0, ragged inputs): every request's tensors carry a leading axis of b
-events of equal shapes. By default the events run one by one. With `merge_events`, all events of
-one `execute` call become one collection per layout, each event's elements after the previous
-event's, index inputs (`index_bounds`) shifted by the offset of the collection they index, so the
-model runs once; outputs are split back per event. That is only right for models that treat events
-independently, element by element or through the declared index inputs (message passing over
-edges, say), not for models that reduce over a whole collection.
+By default the events of one `execute` call run one by one. With `merge_events`, they become one
+collection per layout, each event's elements after the previous event's, index inputs
+(`index_bounds`) shifted by the offset of the collection they index, so the model runs once;
+outputs are split back per event. That is only right for models that treat events independently,
+element by element or through the declared index inputs (message passing over edges, say), not for
+models that reduce over a whole collection.
 
 A request that does not fit (missing input, wrong shape or dtype, indices out of range) gets its own
 error response; the other requests of the call still run.
@@ -34,7 +37,7 @@ import sys
 import typing
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import soagen
@@ -42,12 +45,13 @@ from soagen.runtime.collection import Collection
 from soagen.runtime.model import ModelBinding
 from soagen.runtime.spec import BindingSpec
 from soagen.serving.events import Event, EventError, EventInput, EventLoader
+from soagen.serving.wire import WireTensor, declared_order, wire_tensor
 
 if typing.TYPE_CHECKING:
     import torch
 
 SPEC_FILE = "soagen_model.json"
-SPEC_FORMAT = 1
+SPEC_FORMAT = 2  # 2: tensors in the wire form of soagen.serving.wire
 GENERATED_PACKAGE = "soagen_generated"
 FACTORY_FILE = "factory.py"
 WEIGHTS_FILE = "weights.pt"
@@ -57,6 +61,7 @@ WEIGHTS_FILE = "weights.pt"
 class _Output:
     tensor: str
     spec: BindingSpec
+    wire: WireTensor
     layout: type[Collection]
     size: Mapping[str, object]  # {"layout": L} | {"input": binding} | {"count": k}
 
@@ -147,15 +152,26 @@ class SoagenModel:
         self.binding_class = import_binding(folder, spec)
         self.device = _device(args)
         self.model = _load_model(folder, spec, self.binding_class)
-        self.batched = int(spec.get("max_batch_size", 0)) > 0
         self.merge = bool(spec.get("merge_events", False))
         module = sys.modules[self.binding_class.__module__]
         specs = {s.name: s for s in (*self.binding_class.INPUTS, *self.binding_class.OUTPUTS)}
+        self.wires: dict[str, WireTensor] = {}  # binding name -> its tensor
+        for entry in (*spec["inputs"], *spec["outputs"]):
+            wire = replace(wire_tensor(specs[entry["binding"]]), name=entry["tensor"])
+            if entry.get("scalar"):  # one value per event: 1 on the element axis
+                wire = wire.one_value()
+            if list(wire.dims) != list(entry["dims"]):
+                raise RuntimeError(
+                    f"{folder / SPEC_FILE}: tensor {wire.name!r} has dims {entry['dims']}, but the "
+                    f"generated binding's block travels as {list(wire.dims)}: write the repository "
+                    f"again with `soagen triton`"
+                )
+            self.wires[entry["binding"]] = wire
         inputs = [
             EventInput(
                 tensor=entry["tensor"],
                 spec=specs[entry["binding"]],
-                dims=tuple(entry["dims"]),
+                dims=declared_order(self.wires[entry["binding"]]).dims,
                 scalar=bool(entry.get("scalar", False)),
             )
             for entry in spec["inputs"]
@@ -164,6 +180,7 @@ class SoagenModel:
             _Output(
                 tensor=entry["tensor"],
                 spec=specs[entry["binding"]],
+                wire=self.wires[entry["binding"]],
                 layout=getattr(module, specs[entry["binding"]].block.layout),
                 size=entry["size"],
             )
@@ -222,26 +239,38 @@ class SoagenModel:
         self.model = typing.cast(ModelBinding, None)
 
     def _events(self, request: typing.Any) -> list[Event]:
-        """The request's events, each input checked against its block."""
+        """The request's events, each input checked against its block, in declared axis order."""
+        from soagen.runtime.buffers import tensor_of
 
         tensors: dict[str, torch.Tensor] = {}
         for item in self.loader.inputs:
+            wire = self.wires[item.spec.name]
             given = self.pb_utils.get_input_tensor_by_name(request, item.tensor)
             if given is None:
                 raise EventError(f"input {item.tensor!r} is missing")
-            tensors[item.spec.name] = _as_torch(given, item.spec.block.dtype)
-        if self.batched:
-            counts = {name: int(t.shape[0]) if t.dim() else 0 for name, t in tensors.items()}
-            if len(set(counts.values())) != 1:
-                shown = ", ".join(f"{self.loader.tensor_name(n)} {c}" for n, c in counts.items())
-                raise EventError(f"the inputs' batch sizes differ ({shown})")
-            (count,) = set(counts.values())
-            if count == 0:
-                raise EventError("the request holds no events (batch size 0)")
-            split = [{name: t[b] for name, t in tensors.items()} for b in range(count)]
-        else:
-            split = [tensors]
-        return [self.loader.event(event) for event in split]
+            array = given.as_numpy()
+            if str(array.dtype) != wire.numpy_dtype:  # bfloat16's bits are reinterpreted below
+                raise EventError(
+                    f"input {item.tensor!r} holds {array.dtype}, expected {wire.numpy_dtype} "
+                    f"({wire.datatype})"
+                )
+            problem = wire.shape_problem(array.shape, events=None)
+            if problem is not None:
+                raise EventError(f"input {item.tensor!r} {problem}")
+            tensors[item.spec.name] = tensor_of(array, wire.dtype)
+        counts = {name: int(t.shape[0]) for name, t in tensors.items()}
+        if len(set(counts.values())) != 1:
+            shown = ", ".join(f"{self.loader.tensor_name(n)} {c}" for n, c in counts.items())
+            raise EventError(f"the inputs' batch sizes differ ({shown})")
+        (count,) = set(counts.values())
+        if count == 0:
+            raise EventError("the request holds no events (batch size 0)")
+        return [
+            self.loader.event(
+                {name: t[b].permute(self.wires[name].inverse) for name, t in tensors.items()}
+            )
+            for b in range(count)
+        ]
 
     def _output_count(self, output: _Output, event: Event) -> int:
         size = output.size
@@ -274,39 +303,25 @@ class SoagenModel:
                 start = placed[layout]
                 n = self._output_count(output, event)
                 view = collections[layout].slice(start, start + n).block(output.spec.block)
-                outputs[output.tensor] = view.to("cpu", copy=True).contiguous()
+                outputs[output.tensor] = view.permute(output.wire.order)  # wire order, a view
             results.append(outputs)
         return results
 
     def _tensors(self, events: Sequence[Mapping[str, torch.Tensor]]) -> list[typing.Any]:
+        """Each output of the request's events, stacked along the batch axis on the host (the one
+        copy of each output block) and handed to Triton as NumPy (bfloat16 as its bits)."""
         import torch
+
+        from soagen.runtime.buffers import numpy_of
 
         tensors = []
         for output in self.outputs:
             parts = [event[output.tensor] for event in events]
-            value = torch.stack(parts) if self.batched else parts[0]
-            tensors.append(_as_triton(self.pb_utils, output.tensor, value))
+            value = torch.empty((len(parts), *parts[0].shape), dtype=parts[0].dtype)
+            for b, part in enumerate(parts):
+                value[b].copy_(part)
+            tensors.append(self.pb_utils.Tensor(output.tensor, numpy_of(value)))
         return tensors
-
-
-def _as_torch(given: typing.Any, dtype: str) -> torch.Tensor:
-    """A request's tensor as a torch tensor on the host (no copy where Triton allows)."""
-    import torch
-
-    from soagen.runtime.buffers import tensor_of
-
-    if dtype == "bfloat16":  # Triton carries TYPE_BF16, which NumPy lacks: DLPack carries it
-        return torch.utils.dlpack.from_dlpack(given.to_dlpack())
-    return tensor_of(given.as_numpy(), dtype)
-
-
-def _as_triton(pb_utils: typing.Any, name: str, tensor: torch.Tensor) -> typing.Any:
-    import torch
-
-    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: DLPack carries it
-        dlpack: typing.Any = torch.utils.dlpack
-        return pb_utils.Tensor.from_dlpack(name, dlpack.to_dlpack(tensor))
-    return pb_utils.Tensor(name, tensor.numpy())
 
 
 def _describe(name: str, error: Exception) -> str:

@@ -83,7 +83,7 @@ class Request:
     device: str = "cpu"  # "cpu" or "gpu"
     instances: int = 1
     gpus: tuple[int, ...] = ()
-    max_batch_size: int = 0
+    max_batch_size: int | None = None  # None: 64 (python backend), 0 (pytorch)
     max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
     merge_events: bool = False
     output_sizes: Mapping[str, str] = field(default_factory=dict)
@@ -120,7 +120,7 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
         ("--max-batch-size", request.max_batch_size),
         ("--max-queue-delay-us", request.max_queue_delay_us),
     ):
-        if value < 0:
+        if value is not None and value < 0:
             raise TritonError(f"{option} must be 0 or more, got {value}", usage=True)
     if request.gpus and request.device != "gpu":
         raise TritonError("--gpus needs --device gpu", usage=True)
