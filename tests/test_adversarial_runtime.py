@@ -478,3 +478,21 @@ def test_eight_threads_of_a_thousand_calls_match_one_thread_bit_for_bit(soa: Mod
     # The inputs were shared by every thread and never written.
     for collection, n in zip(inputs, sizes, strict=True):
         assert torch.equal(collection.buffer, points(soa, n, seed=n).buffer)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64]
+)
+def test_the_queued_index_check_refuses_exactly_the_out_of_range_values(dtype: torch.dtype) -> None:
+    # The CUDA path queues its check with torch._assert_async; on CPU the same function raises at
+    # once, which lets CI check its logic for every dtype (bound 10: valid are 0..9).
+    from soagen.runtime.model import _queue_index_check
+
+    base = torch.tensor([[0, 9], [3, 4]], dtype=torch.int64)
+    _queue_index_check(base.to(dtype), 10, "in range")
+    _queue_index_check(base.to(dtype)[:, :0], 10, "empty")
+    with pytest.raises(RuntimeError, match="too high"):
+        _queue_index_check(base.add(1).to(dtype), 10, "too high")
+    wrapped = torch.tensor([[0, -1]], dtype=torch.int64).to(dtype)  # unsigned: the largest value
+    with pytest.raises(RuntimeError, match="out of range"):
+        _queue_index_check(wrapped, 10, "out of range")

@@ -349,17 +349,20 @@ def _index_message(cls: type[ModelBinding], index_name: str, bound_name: str, bo
 
 
 def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
+    """Queue the range check on the indices' device: one reduction over them (a min/max pair, not
+    four passes of comparisons and their temporaries), then an assert on two scalars."""
     import torch
 
     if indices.numel() == 0:
         return
-    # CUDA comparisons cover the signed types; a uint64 seen as int64 turns every value past
-    # 2**63 negative (out of range either way), narrower unsigned types widen exactly.
+    # The reduction covers the signed types; a uint64 seen as int64 turns every value past 2**63
+    # negative (out of range either way), narrower unsigned types widen exactly.
     if indices.dtype == torch.uint64:
         indices = indices.view(torch.int64)
     elif indices.dtype in (torch.uint16, torch.uint32):
         indices = indices.to(torch.int64)
-    torch._assert_async(((indices >= 0) & (indices < bound)).all(), message)
+    low, high = torch.aminmax(indices)
+    torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
 
 
 def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
