@@ -25,7 +25,7 @@ import pytest
 
 from soagen.dsl.loader import load
 from soagen.dtypes import DTYPES
-from soagen.serving.wire import TRITON_DATATYPES, wire_tensor
+from soagen.serving.wire import DEFAULT_MAX_QUEUE_DELAY_US, TRITON_DATATYPES, wire_tensor
 from soagen.triton.config import (
     TRITON_TYPES,
     InstanceGroup,
@@ -120,7 +120,7 @@ def test_gnn_config_dims_types_and_names() -> None:
     assert [(f"TYPE_{w.datatype}", w.dims) for w in served] == [
         (t.data_type, t.dims) for t in (*config.inputs, *config.outputs)
     ]
-    assert config.dynamic_batching == 100
+    assert config.dynamic_batching == DEFAULT_MAX_QUEUE_DELAY_US
     assert all(t.allow_ragged_batch for t in config.inputs)
     assert config.instance_groups == (InstanceGroup("KIND_CPU", 1),)
     text = render(config)
@@ -155,7 +155,7 @@ def test_batching_gpu_and_instances() -> None:
     assert all(t.allow_ragged_batch for t in config.inputs)
     assert not any(t.allow_ragged_batch for t in config.outputs)
     text = render(config)
-    assert "max_batch_size: 16" in text and "max_queue_delay_microseconds: 100" in text
+    assert "max_batch_size: 16" in text and "max_queue_delay_microseconds: 500" in text
     assert "kind: KIND_GPU" in text and "gpus: [ 0, 1 ]" in text and "count: 2" in text
     assert "one concatenation along each collection's element axis" in " ".join(config.header)
     with pytest.raises(TritonError, match="PyTorch backend hands ragged"):

@@ -27,7 +27,7 @@ from soagen.cli import (
     path_argument,
 )
 from soagen.serving.errors import ServeError
-from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE
+from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 
 def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
@@ -81,9 +81,10 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
     serve.add_argument(
         "--max-queue-delay-us",
         type=int,
-        default=500,
+        default=DEFAULT_MAX_QUEUE_DELAY_US,
         metavar="US",
-        help="longest wait for more events before an execution starts (default 500)",
+        help="longest wait for more events before an execution starts "
+        f"(default {DEFAULT_MAX_QUEUE_DELAY_US})",
     )
     serve.add_argument(
         "--token-file",

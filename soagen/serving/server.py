@@ -62,6 +62,7 @@ from soagen.serving.errors import ServeError
 from soagen.serving.events import EventError, EventInput, EventLoader
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_US,
     WireTensor,
     declared_order,
     wire_tensors,
@@ -74,7 +75,6 @@ if typing.TYPE_CHECKING:
 PYTRITON_VERSION = "0.7.0"
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_HTTP_PORT = 8000
-DEFAULT_MAX_QUEUE_DELAY_US = 500
 DEFAULT_EXIT_TIMEOUT_S = 3
 
 

@@ -55,8 +55,10 @@ TRITON_DATATYPES: dict[str, str] = {
 
 # An element count at which every pitch exceeds 1 element, so strides sort the axes unambiguously.
 _PROBE_ELEMENTS = 1000
-# Events a served model's execution gathers at most, unless told otherwise.
+# Events a served model's execution gathers at most, and how long Triton's dynamic batcher waits
+# for more, unless told otherwise (for `soagen serve` and `soagen triton` alike).
 DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_QUEUE_DELAY_US = 500
 
 
 @dataclass(frozen=True, slots=True)

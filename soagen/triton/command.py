@@ -23,10 +23,9 @@ from soagen.cli import (
     path_argument,
 )
 from soagen.dsl.loader import load
-from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE
+from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 from soagen.triton.config import (
     BACKENDS,
-    DEFAULT_QUEUE_DELAY_US,
     NAMINGS,
     RUNTIMES,
     TritonError,
@@ -99,9 +98,9 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
     triton.add_argument(
         "--max-queue-delay-us",
         type=int,
-        default=DEFAULT_QUEUE_DELAY_US,
+        default=DEFAULT_MAX_QUEUE_DELAY_US,
         metavar="US",
-        help=f"dynamic batching's wait for more requests (default {DEFAULT_QUEUE_DELAY_US})",
+        help=f"dynamic batching's wait for more requests (default {DEFAULT_MAX_QUEUE_DELAY_US})",
     )
     triton.add_argument(
         "--merge-events",

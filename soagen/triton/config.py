@@ -42,6 +42,7 @@ from soagen.generator.pyformat import comment_text
 from soagen.layout import block_axes
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_QUEUE_DELAY_US,
     TRITON_DATATYPES,
     WireTensor,
     declared_order,
@@ -75,7 +76,6 @@ NAMINGS = ("schema", "index", "forward")
 # What the Python backend's model.py runs: soagen's backends.
 RUNTIMES = ("eager", "torchscript", "compile", "aot")
 DEFAULT_NAMING = {"python": "schema", "pytorch": "index"}
-DEFAULT_QUEUE_DELAY_US = 100
 
 _NAMED_INDEX = re.compile(r"^.+__(\d+)$")
 # Model names are folder names in the repository; keep them portable.
@@ -307,7 +307,7 @@ class Options:
     naming: str | None = None  # None: DEFAULT_NAMING of the backend
     name: str | None = None  # the Triton model name; None: the schema's model name
     max_batch_size: int | None = None  # None: DEFAULT_MAX_BATCH_SIZE (python), 0 (pytorch)
-    max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US
     merge_events: bool = False
     kind: str = "cpu"  # "cpu" or "gpu"
     count: int = 1

@@ -38,8 +38,8 @@ from soagen.dsl.ir import Schema
 from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
+from soagen.serving.wire import DEFAULT_MAX_QUEUE_DELAY_US
 from soagen.triton.config import (
-    DEFAULT_QUEUE_DELAY_US,
     RUNTIMES,
     ModelConfig,
     Options,
@@ -84,7 +84,7 @@ class Request:
     instances: int = 1
     gpus: tuple[int, ...] = ()
     max_batch_size: int | None = None  # None: 64 (python backend), 0 (pytorch)
-    max_queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US
     merge_events: bool = False
     output_sizes: Mapping[str, str] = field(default_factory=dict)
     index_bounds: Mapping[str, str] | None = None  # None: the factory's or the package's
