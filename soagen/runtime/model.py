@@ -226,7 +226,26 @@ class ModelBinding:
         targets = [outputs[spec.name].block(spec.block) for spec in cls.OUTPUTS]
         if all(target.numel() == 0 for target in targets):
             return  # nothing to compute: also spares backends their n < 2 corner cases
+        self._execute(inputs, outputs, device, targets)
+
+    def _execute(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+        targets: Sequence[torch.Tensor],
+    ) -> None:
+        """Run the model and write its outputs into `targets`, the output blocks (a remote binding
+        runs it on its server instead)."""
         self._evaluate(inputs, device, targets)
+
+    def _check_index_ranges(
+        self, inputs: Mapping[str, Collection], views: Sequence[torch.Tensor]
+    ) -> None:
+        """The `index_bounds` checks, on the input views in schema order."""
+        for index_name, bound_name in self.index_bounds.items():
+            indices = views[self._input_position[index_name]]
+            _check_index_range(type(self), index_name, indices, bound_name, inputs[bound_name].size)
 
     def _evaluate(
         self,
@@ -247,9 +266,8 @@ class ModelBinding:
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
         views = [sources[spec.name].block(spec.block) for spec in cls.INPUTS]
-        for index_name, bound_name in self.index_bounds.items():
-            indices = views[self._input_position[index_name]]
-            _check_index_range(cls, index_name, indices, bound_name, sources[bound_name].size)
+        if self.index_bounds:
+            self._check_index_ranges(sources, views)
         versions = [view._version for view in views]
         runner = self._backend.on(device)
         arguments = views

@@ -49,13 +49,13 @@ import time
 import typing
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
-from soagen.runtime.model import ModelBinding, _check_index_range
+from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import (
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -306,27 +306,23 @@ class RemoteBinding(ModelBinding):
 
     # The step that differs from a local binding.
 
-    def _run_once(
+    def _execute(
         self,
         inputs: Mapping[str, Collection],
         outputs: Mapping[str, Collection],
         device: torch.device,
+        targets: Sequence[torch.Tensor],
     ) -> None:
         cls = type(self)
         if self._closed:
             raise RemoteConfigurationError(
                 f"{cls.NAME}: this remote binding to {self.url} is closed"
             )
-        targets = [outputs[spec.name].block(spec.block) for spec in cls.OUTPUTS]
-        if all(target.numel() == 0 for target in targets):
-            return  # as local calls: nothing to compute
         self.stats.add(calls=1)
         if self.index_bounds:
-            views = [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
-            for index_name, bound_name in self.index_bounds.items():
-                indices = views[self._input_position[index_name]]
-                size = inputs[bound_name].size
-                _check_index_range(cls, index_name, indices, bound_name, size)
+            self._check_index_ranges(
+                inputs, [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
+            )
         try:
             with self._remote_results(inputs, targets) as results:
                 for target, result in zip(targets, results, strict=True):
@@ -340,7 +336,7 @@ class RemoteBinding(ModelBinding):
 
     @contextmanager
     def _remote_results(
-        self, inputs: Mapping[str, Collection], targets: list[torch.Tensor]
+        self, inputs: Mapping[str, Collection], targets: Sequence[torch.Tensor]
     ) -> Iterator[list[torch.Tensor]]:
         """The server's outputs, checked against the output blocks, as tensors in declared order
         (views of the shared-memory region or of the response, valid inside the block)."""
@@ -429,7 +425,7 @@ class RemoteBinding(ModelBinding):
     def _send(
         self,
         sources: list[_Source],
-        targets: list[torch.Tensor],
+        targets: Sequence[torch.Tensor],
         region: _Region | None,
     ) -> tuple[typing.Any, _Request]:
         """Send the request, retrying what is transient; the response and the request it answers."""
@@ -536,7 +532,7 @@ class RemoteBinding(ModelBinding):
         return True
 
     def _request(
-        self, sources: list[_Source], targets: list[torch.Tensor], region: _Region | None
+        self, sources: list[_Source], targets: Sequence[torch.Tensor], region: _Region | None
     ) -> _Request:
         """The request's inputs (each block copied once: into the region, or into its bytes) and
         requested outputs (into the region, after the inputs)."""
@@ -575,7 +571,7 @@ class RemoteBinding(ModelBinding):
         return request
 
     def _read(
-        self, response: typing.Any, targets: list[torch.Tensor], request: _Request
+        self, response: typing.Any, targets: Sequence[torch.Tensor], request: _Request
     ) -> list[torch.Tensor]:
         """Every output checked (present, datatype, shape) before any is used."""
         import numpy as np
