@@ -90,6 +90,7 @@ def set_malloc_tuning(enabled: bool = True) -> bool:
         except (OSError, AttributeError):
             return False
         settings = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_ARENA_MAX, 1))
+        # A list, not a generator: apply all three even where one is refused.
         return all([bool(mallopt(parameter, value)) for parameter, value in settings])
 
 

@@ -278,10 +278,8 @@ class ModelBinding:
             ]
         with torch.inference_mode() if self._backend.records_autograd else _NO_GUARD:
             results = _as_outputs(cls, runner(arguments))
-            if [view._version for view in views] != versions and not self.protect_inputs:
-                for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
-                    if view._version == version:
-                        continue
+            for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
+                if view._version != version and not self.protect_inputs:
                     raise InputModifiedError(
                         f"{cls.NAME} wrote into its input {spec.name!r} "
                         f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that "
@@ -339,9 +337,9 @@ def _check_index_range(
     bound_name: str,
     bound: int,
 ) -> None:
-    """Indices must lie in [0, bound). On CUDA the check is queued on the stream, so the host does
+    """Indices must lie in [0, bound). On a GPU the check is queued on the stream, so the host does
     not wait for it; a failure there is a device-side assert instead of a silent wild access."""
-    if indices.is_cuda:
+    if indices.device.type != "cpu":
         _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
         return
     # NumPy reduces every integer dtype, unsigned included, over strided views; two passes of it
@@ -389,8 +387,6 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
 
     if isinstance(result, torch.Tensor):
         return [result]
-    if type(result) is list and all(isinstance(r, torch.Tensor) for r in result):
-        return result  # what AOT packages and most models return: skip the slower checks below
     if isinstance(result, Mapping):
         names = [spec.name for spec in cls.OUTPUTS]
         if sorted(map(str, result)) != sorted(names):
