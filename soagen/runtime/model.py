@@ -382,12 +382,12 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
 
 
 def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
-    """A model's return value as a list of tensors in schema order."""
+    """A model's return value as a list of tensors in schema order, one per declared output."""
     import torch
 
     if isinstance(result, torch.Tensor):
-        return [result]
-    if isinstance(result, Mapping):
+        result = [result]
+    elif isinstance(result, Mapping):
         names = [spec.name for spec in cls.OUTPUTS]
         if sorted(map(str, result)) != sorted(names):
             raise OutputError(
@@ -395,23 +395,27 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
                 f"outputs are {', '.join(names)}; nothing was written"
             )
         result = [result[name] for name in names]
-    if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
-        return list(result)
-    raise OutputError(
-        f"{cls.NAME} returned {type(result).__name__}; a model returns a tensor, a tuple or list of "
-        f"tensors, or a dict keyed by output name; nothing was written"
-    )
+    if not isinstance(result, (tuple, list)) or not all(
+        isinstance(r, torch.Tensor) for r in result
+    ):
+        raise OutputError(
+            f"{cls.NAME} returned {type(result).__name__}; a model returns a tensor, a tuple or list "
+            f"of tensors, or a dict keyed by output name; nothing was written"
+        )
+    # Checked here, not only against output blocks: `soagen serve` sends results without them.
+    if len(result) != len(cls.OUTPUTS):
+        raise OutputError(
+            f"{cls.NAME} returned {len(result)} output(s), the schema declares {len(cls.OUTPUTS)} "
+            f"({', '.join(spec.name for spec in cls.OUTPUTS)}); nothing was written"
+        )
+    return list(result)
 
 
 def _check_outputs(
     cls: type[ModelBinding], results: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]
 ) -> None:
-    """Every output must fit its block exactly: nothing is written unless all of them do."""
-    if len(results) != len(targets):
-        raise OutputError(
-            f"{cls.NAME} returned {len(results)} output(s), the schema declares {len(targets)} "
-            f"({', '.join(spec.name for spec in cls.OUTPUTS)}); nothing was written"
-        )
+    """Every output must fit its block exactly: nothing is written unless all of them do (their
+    count was checked with the return value)."""
     for spec, result, target in zip(cls.OUTPUTS, results, targets, strict=True):
         problem = None
         if tuple(result.shape) != tuple(target.shape):
