@@ -38,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.timing import samples  # noqa: E402
 from examples.gnn_model import INDEX_BOUNDS, build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
 from tests.helpers import serve_gnn_command, serve_ready  # noqa: E402
@@ -72,12 +73,7 @@ def event(edges_n: int, seed: int) -> tuple[Nodes, Edges]:
 
 def median_ms(action: Callable[[], object], repeats: int) -> float:
     action()  # warm: first placement, region registration
-    taken = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        taken.append(time.perf_counter() - start)
-    return statistics.median(taken) * 1e3
+    return statistics.median(samples(action, repeats)) * 1e3
 
 
 def latency_table(url: str, token: str, sizes: list[int], repeats: int) -> list[str]:

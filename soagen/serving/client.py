@@ -55,6 +55,7 @@ from dataclasses import dataclass, field, replace
 
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
+from soagen.runtime.geometry import ITEMSIZE
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import (
     RemoteConfigurationError,
@@ -682,8 +683,6 @@ def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> 
 
 
 def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:
-    from soagen.runtime.geometry import ITEMSIZE
-
     count = 1
     for size in shape:
         count *= int(size)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from soagen.runtime.spec import BindingSpec
+from soagen.serving.wire import dims_match
 
 if typing.TYPE_CHECKING:
     import torch
@@ -91,9 +92,7 @@ class EventLoader:
             if tensor.dtype != expected:
                 raise EventError(f"input {item.tensor!r} holds {tensor.dtype}, expected {expected}")
             shape = tuple(tensor.shape)
-            if len(shape) != len(item.dims) or any(
-                want != -1 and got != want for got, want in zip(shape, item.dims, strict=False)
-            ):
+            if not dims_match(shape, item.dims):
                 raise EventError(
                     f"input {item.tensor!r} has shape {list(shape)}, expected {list(item.dims)} "
                     f"(-1: any element count)"

@@ -65,6 +65,7 @@ from soagen.serving.wire import (
     DEFAULT_MAX_QUEUE_DELAY_US,
     WireTensor,
     declared_order,
+    dims_match,
     wire_tensors,
 )
 
@@ -210,6 +211,16 @@ class EventRunner:
             ],
             self.layouts,
         )
+        from soagen.runtime.buffers import TORCH_DTYPES
+
+        # What every event needs of the binding, worked out once.
+        self._input_plan = [
+            (spec.name, wire, wire.inverse)
+            for spec, wire in zip(cls.INPUTS, self.inputs, strict=True)
+        ]
+        self._output_plan = [
+            (wire, TORCH_DTYPES[wire.dtype], declared_order(wire).dims) for wire in self.outputs
+        ]
 
     def __call__(self, requests: Sequence[typing.Any]) -> list[dict[str, NDArray[typing.Any]]]:
         answers = []
@@ -232,22 +243,22 @@ class EventRunner:
         """One event: wire arrays in, wire arrays out (each with the batch axis of 1)."""
         from soagen.runtime.buffers import numpy_of, tensor_of
 
-        cls = type(self.binding)
         tensors = {}
-        for spec, wire in zip(cls.INPUTS, self.inputs, strict=True):
+        for name, wire, inverse in self._input_plan:
             array = arrays[wire.name]
             problem = wire.shape_problem(array.shape)
             if problem is not None:
                 raise EventError(f"input {wire.name!r} {problem}: one event per request")
-            tensors[spec.name] = tensor_of(array[0], wire.dtype).permute(wire.inverse)
+            tensors[name] = tensor_of(array[0], wire.dtype).permute(inverse)
         collections, _ = self.loader.load([self.loader.event(tensors)], self.device)
-        inputs = {spec.name: collections[spec.block.layout] for spec in cls.INPUTS}
+        inputs = {item.spec.name: collections[item.layout] for item in self.loader.inputs}
         results = self.binding._evaluate(inputs, self.device, None)
         answer: dict[str, NDArray[typing.Any]] = {}
-        for wire, result in zip(self.outputs, results, strict=True):
-            problem = _output_problem(wire, result)
+        for (wire, dtype, dims), result in zip(self._output_plan, results, strict=True):
+            problem = _output_problem(wire, dtype, dims, result)
             if problem is not None:
-                raise ValueError(f"{cls.NAME} output {wire.name!r} {problem}; nothing was sent")
+                name = type(self.binding).NAME
+                raise ValueError(f"{name} output {wire.name!r} {problem}; nothing was sent")
             answer[wire.name] = numpy_of(result.permute(wire.order).contiguous().cpu())[None]
         return answer
 
@@ -261,17 +272,16 @@ def _reraisable(error: Exception) -> bool:
     return True
 
 
-def _output_problem(wire: WireTensor, result: torch.Tensor) -> str | None:
-    from soagen.runtime.buffers import TORCH_DTYPES
-
-    if result.dtype != TORCH_DTYPES[wire.dtype]:
+def _output_problem(
+    wire: WireTensor, dtype: torch.dtype, dims: tuple[int, ...], result: torch.Tensor
+) -> str | None:
+    """Why a model's output does not fit its binding (`dtype`, declared-order `dims`), or None."""
+    if result.dtype != dtype:
         return f"has dtype {result.dtype}, the schema declares {wire.dtype}"
     if result.dim() != len(wire.axes):
         return f"has {result.dim()} axes, the schema declares [{', '.join(wire.axes)}]"
-    for axis, (name, size) in enumerate(zip(wire.axes, result.shape, strict=True)):
-        wire_size = wire.dims[wire.order.index(axis)]
-        if name != "n" and size != wire_size:
-            return f"has shape {list(result.shape)}, the schema declares [{', '.join(wire.axes)}]"
+    if not dims_match(tuple(result.shape), dims):
+        return f"has shape {list(result.shape)}, the schema declares [{', '.join(wire.axes)}]"
     return None
 
 

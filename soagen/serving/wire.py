@@ -116,14 +116,20 @@ class WireTensor:
         """Why a request's tensor of `shape` (batch axis included) is not this tensor, or None.
         `events`: the size the batch axis must have (None: any)."""
         wire = tuple(shape[1:] if self.batched else shape)
-        if (
-            len(wire) != len(self.dims)
-            or (self.batched and events is not None and shape[0] != events)
-            or any(want != -1 and got != want for got, want in zip(wire, self.dims, strict=True))
+        if not dims_match(wire, self.dims) or (
+            self.batched and events is not None and shape[0] != events
         ):
             expected = self.shape_text("b" if events is None else str(events))
             return f"has shape {list(shape)}, expected {expected} (n: any element count)"
         return None
+
+
+def dims_match(shape: Sequence[int], dims: Sequence[int]) -> bool:
+    """Whether `shape` has the rank and the sizes of `dims`, where -1 (the element axis) takes any
+    size."""
+    return len(shape) == len(dims) and all(
+        want == -1 or got == want for got, want in zip(shape, dims, strict=True)
+    )
 
 
 def wire_tensor(spec: BindingSpec) -> WireTensor:

@@ -282,13 +282,14 @@ class SoagenModel:
 
     def _run(self, events: Sequence[Event]) -> list[dict[str, torch.Tensor]]:
         """Run events as one concatenation per layout; each event's outputs, by tensor name."""
+        # Per event, each output's element count (once: it sizes the allocation and the split).
+        output_counts = [[self._output_count(o, event) for o in self.outputs] for event in events]
         counts = []
-        for event in events:
+        for event, ns in zip(events, output_counts, strict=True):
             sizes = dict(event.sizes)
-            for output in self.outputs:
-                layout = output.spec.block.layout
-                if layout not in event.sizes:
-                    sizes[layout] = self._output_count(output, event)
+            for output, n in zip(self.outputs, ns, strict=True):
+                if output.spec.block.layout not in event.sizes:
+                    sizes[output.spec.block.layout] = n
             counts.append(sizes)
         collections, offsets = self.loader.load(events, self.device, counts)
         self.model.run(
@@ -296,12 +297,11 @@ class SoagenModel:
             {o.spec.name: collections[o.spec.block.layout] for o in self.outputs},
         )
         results = []
-        for event, placed in zip(events, offsets, strict=True):
+        for placed, ns in zip(offsets, output_counts, strict=True):
             outputs = {}
-            for output in self.outputs:
+            for output, n in zip(self.outputs, ns, strict=True):
                 layout = output.spec.block.layout
                 start = placed[layout]
-                n = self._output_count(output, event)
                 view = collections[layout].slice(start, start + n).block(output.spec.block)
                 outputs[output.tensor] = view.permute(output.wire.order)  # wire order, a view
             results.append(outputs)

@@ -34,7 +34,7 @@ from pathlib import Path
 import jinja2
 
 import soagen
-from soagen.dsl.ir import Schema
+from soagen.dsl.ir import Model, Schema
 from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
@@ -171,7 +171,7 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
         (staging / "config.pbtxt").write_text(render(config), encoding="utf-8")
         if request.backend == "python":
             _write_python_model(
-                schema, schema_path, model.name, config, built, sizes, request.merge_events, version
+                schema, schema_path, model, config, built, sizes, request.merge_events, version
             )
         _replace(staging, target)
     finally:
@@ -296,12 +296,13 @@ def _build(
             warnings.filterwarnings(
                 "ignore", message=r".*torch\.jit.*deprecated", category=DeprecationWarning
             )
-            return _build_model_files(request, runtime, binding, layouts, version, report)
+            build = _from_package if request.factory is None else _from_factory
+            return build(request, runtime, binding, layouts, version, report)
     finally:
         _forget_modules(binding)
 
 
-def _build_model_files(
+def _from_factory(
     request: Request,
     runtime: str,
     binding: type[ModelBinding],
@@ -311,34 +312,16 @@ def _build_model_files(
 ) -> _Built:
     import torch
 
-    from soagen.compile import CompileError, _build_model, _index_bounds
+    from soagen.compile import CompileError, _build_model, _index_bounds, compile_model
 
-    if request.factory is None:
-        assert request.package is not None
-        return _from_package(request, runtime, binding, layouts, version, report)
+    assert request.factory is not None
     try:
         report(f"building the model ({request.factory})")
         model, module = _build_model(request.factory, torch.device("cpu"))
         bounds = _index_bounds(binding, request.index_bounds, module)
     except CompileError as error:
         raise TritonError(str(error), usage=error.usage) from None
-    return _from_factory(request, runtime, binding, layouts, model, bounds, version, report)
-
-
-def _from_factory(
-    request: Request,
-    runtime: str,
-    binding: type[ModelBinding],
-    layouts: Mapping[str, type[Collection]],
-    model: torch.nn.Module,
-    bounds: dict[str, str],
-    version: Path,
-    report: Progress,
-) -> _Built:
-    assert request.factory is not None
     if runtime == "aot":
-        from soagen.compile import CompileError, compile_model
-
         device = "cuda" if request.device == "gpu" else "cpu"
         try:
             compile_model(
@@ -357,13 +340,9 @@ def _from_factory(
     if runtime == "torchscript":
         report("converting to TorchScript")
         scripted, names = _torchscript(binding, layouts, model, bounds, checked)
-        import torch
-
         torch.jit.save(scripted, str(version / "model.pt"))
         return _Built("torchscript", "model.pt", None, bounds, names)
     # eager or compile: the factory file and the weights it made, loaded again in the server.
-    import torch
-
     path_text, _, function = request.factory.rpartition(":")
     shutil.copyfile(path_text, version / FACTORY_FILE)
     torch.save(model.state_dict(), version / WEIGHTS_FILE)
@@ -557,26 +536,25 @@ def _as_tuple(result: object, binding: type[ModelBinding]) -> tuple[torch.Tensor
 def _write_python_model(
     schema: Schema,
     schema_path: str,
-    model_name: str,
+    model: Model,
     config: ModelConfig,
     built: _Built,
     sizes: Mapping[str, Mapping[str, object]],
     merge_events: bool,
     version: Path,
 ) -> None:
-    model = find_model(schema, model_name, schema_path)
     package = version / GENERATED_PACKAGE
     package.mkdir()
     (package / "__init__.py").write_text("", encoding="utf-8")
     for module_name, text in sorted(generate(schema).items()):
         (package / f"{module_name}.py").write_text(text, encoding="utf-8")
-    declaring = next(f for f in schema.files if any(m.name == model_name for m in f.models))
+    declaring = next(f for f in schema.files if model in f.models)
     spec = {
         "format": SPEC_FORMAT,
         "soagen_version": soagen.__version__,
         "schema": schema_path,
         "module": declaring.module_name,
-        "model": model_name,
+        "model": model.name,
         "runtime": built.runtime,
         "model_file": built.model_file,
         "factory": built.factory,
@@ -607,7 +585,7 @@ def _write_python_model(
     )
     text = _template().render(
         version=soagen.__version__,
-        model=model_name,
+        model=model.name,
         schema=comment_text(schema_path),
         name=config.name,
         runtime=built.runtime,
