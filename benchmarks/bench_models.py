@@ -2,7 +2,7 @@
 
 Paths, each checked against the reference output (`torch.testing.assert_close`) before it is timed:
 - `soagen <backend>`: bind zero-copy views, run, write the outputs back (eager, torchscript, compile,
-  aot; `soagen eager contiguous` hands the GNN's gathered input over as one contiguous copy). GNN
+  aot, and `aot columnwise`, built with `soagen compile --columnwise`; `soagen eager contiguous` hands the GNN's gathered input over as one contiguous copy). GNN
   bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
 - `naive torch.stack`, `naive np.stack`: gather the columns into new tensors (`torch.stack`, or
@@ -70,7 +70,8 @@ MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
 MLP_FACTORY = f"{REPO / 'benchmarks' / 'models.py'}:build_mlp"
 GNN_FACTORY = f"{REPO / 'examples' / 'gnn_model.py'}:build_model"
-BACKENDS = ("eager", "torchscript", "compile", "aot")
+# `aot-columnwise`: the AOT package built with `soagen compile --columnwise`.
+BACKENDS = ("eager", "torchscript", "compile", "aot", "aot-columnwise")
 RTOL, ATOL = 1e-4, 1e-5
 
 Run = Callable[[], torch.Tensor]  # one call of a path; returns its output for the check
@@ -132,8 +133,11 @@ def has_aot_compiler() -> bool:
     return True
 
 
-def aot_package(schema: Path, model: str, factory: str, cache: Path, device: str) -> Path:
-    """A `soagen compile` package, built once per schema, model file, device and torch version."""
+def aot_package(
+    schema: Path, model: str, factory: str, cache: Path, device: str, columnwise: bool = False
+) -> Path:
+    """A `soagen compile` package, built once per schema, model file, device, torch version and
+    `--columnwise`."""
     from soagen.compile import compile_model
 
     factory_file = Path(factory.rsplit(":", 1)[0])
@@ -146,14 +150,16 @@ def aot_package(schema: Path, model: str, factory: str, cache: Path, device: str
                 device,
                 torch.__version__,
                 platform.machine(),
+                str(columnwise),
             )
         ).encode()
     ).hexdigest()[:12]
-    path = cache / f"{model}-{device}-{key}.pt2"
+    variant = "-columnwise" if columnwise else ""
+    path = cache / f"{model}-{device}{variant}-{key}.pt2"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         log(f"compiling {model} for {device} ahead of time (once, cached in {cache}) ...")
-        compile_model(schema, model, factory, output=path, device=device)
+        compile_model(schema, model, factory, output=path, device=device, columnwise=columnwise)
     return path
 
 
@@ -220,11 +226,20 @@ def soagen_model(
     contiguous: tuple[str, ...] = (),
     index_bounds: dict[str, str] | None = None,
 ) -> Any:
-    if backend == "aot":
+    if backend.startswith("aot"):
         assert package is not None
         return binding.load(package, contiguous=contiguous)  # bounds come with the package
     model = torch.jit.script(net) if backend == "torchscript" else net
     return binding(model, backend=backend, contiguous=contiguous, index_bounds=index_bounds)
+
+
+def package_key(model: str, device: str, backend: str) -> str:
+    """The key of an AOT backend's package in `Tools.packages` ("mlp cpu", "gnn cuda columnwise")."""
+    return f"{model} {device}" + (" columnwise" if backend == "aot-columnwise" else "")
+
+
+def path_name(backend: str) -> str:
+    return f"soagen {backend.replace('-', ' ')}"
 
 
 def log(message: str) -> None:
@@ -298,15 +313,17 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
 
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
     for backend in tools.backends:
-        model = soagen_model(module.HitMlp, net, backend, tools.packages.get(f"mlp {device}"))
+        package = tools.packages.get(package_key("mlp", device, backend))
+        model = soagen_model(module.HitMlp, net, backend, package)
 
         def call(model: Any = model) -> torch.Tensor:
             model(hits, out=scores)
             return written()
 
-        case.paths[f"soagen {backend}"] = call
-        case.soagen_calls[f"soagen {backend}"] = call
-        case.models[f"soagen {backend}"] = model
+        name = path_name(backend)
+        case.paths[name] = call
+        case.soagen_calls[name] = call
+        case.models[name] = model
     case.binding, case.collections = module.HitMlp, {"Hits": hits, "HitScores": scores}
     if device == "cpu" and "mlp" in tools.sessions:
         session, session_columns = tools.sessions["mlp"], tools.sessions["mlp columns"]
@@ -426,7 +443,7 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             module.EdgeClassifier,
             net,
             backend,
-            tools.packages.get(f"gnn {device}"),
+            tools.packages.get(package_key("gnn", device, backend)),
             contiguous,
             index_bounds=INDEX_BOUNDS,
         )
@@ -435,7 +452,7 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             model(nodes, edges, out=scores)
             return scores.score
 
-        name = f"soagen {backend}" + "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
+        name = path_name(backend) + "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
         case.paths[name] = call
         case.soagen_calls[name] = call
         case.models[name] = model
@@ -1058,9 +1075,9 @@ def main(argv: list[str] | None = None) -> int:
         gnn_max_n, memory_n = args.gnn_max_n, {"mlp": 1_000_000, "gnn": 1_000_000}
         default_backends = list(BACKENDS)
     backends = args.backends.split(",") if args.backends else default_backends
-    if "aot" in backends and not has_aot_compiler():
-        backends.remove("aot")
-        notes.append("soagen.compile is not available: the AOT backend was skipped")
+    if any(b.startswith("aot") for b in backends) and not has_aot_compiler():
+        backends = [b for b in backends if not b.startswith("aot")]
+        notes.append("soagen.compile is not available: the AOT backends were skipped")
     devices = [] if args.no_cpu else ["cpu"]
     if torch.cuda.is_available() and not args.no_cuda:
         devices.append("cuda")
@@ -1074,14 +1091,22 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="soagen-bench-models-"))
     tools = build_tools(args, workdir, backends)
-    if "aot" in backends:
+    for backend in backends:
+        if not backend.startswith("aot"):
+            continue
         for device in devices:
-            tools.packages[f"mlp {device}"] = aot_package(
-                MLP_SCHEMA, "HitMlp", MLP_FACTORY, args.out / "packages", device
-            )
-            tools.packages[f"gnn {device}"] = aot_package(
-                GNN_SCHEMA, "EdgeClassifier", GNN_FACTORY, args.out / "packages", device
-            )
+            for model, schema, binding, factory in (
+                ("mlp", MLP_SCHEMA, "HitMlp", MLP_FACTORY),
+                ("gnn", GNN_SCHEMA, "EdgeClassifier", GNN_FACTORY),
+            ):
+                tools.packages[package_key(model, device, backend)] = aot_package(
+                    schema,
+                    binding,
+                    factory,
+                    args.out / "packages",
+                    device,
+                    columnwise=backend == "aot-columnwise",
+                )
     if not args.no_onnx:
         log("exporting both models to ONNX ...")
         tools.sessions = onnx_sessions(tools.nets)

@@ -226,6 +226,12 @@ def _parser() -> argparse.ArgumentParser:
     add_index_argument(
         compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
     )
+    compile_.add_argument(
+        "--columnwise",
+        action="store_true",
+        help="compute narrow nn.Linear layers (at most 8 inputs or 4 outputs) column by column "
+        "across elements, so that they fuse into one vectorized loop (narrow MLPs: ~3x faster)",
+    )
 
     from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
 
@@ -557,6 +563,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             output=args.output,
             device=args.device,
             index_bounds=parse_index_bounds(args.index) if args.index else None,
+            columnwise=args.columnwise,
             progress=progress,
         )
     except CompileError as error:

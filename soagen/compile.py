@@ -94,13 +94,17 @@ def compile_model(
     output: str | os.PathLike[str],
     device: str = "cpu",
     index_bounds: Mapping[str, str] | None = None,
+    columnwise: bool = False,
     progress: Progress | None = None,
 ) -> Path:
     """Build `factory()` ("path/to/file.py:function"), export it for binding `model_name` of the
     schema, compile it with AOTInductor for `device` and write the package to `output` (`.pt2`).
 
     `index_bounds` maps an integer input to the input whose elements it indexes; by default the
-    factory module's `INDEX_BOUNDS`, if it has one. Raises `SchemaError` for schema errors and
+    factory module's `INDEX_BOUNDS`, if it has one. `columnwise` computes the model's narrow
+    `nn.Linear` layers column by column across elements (`soagen.runtime.columnwise`), so that
+    Inductor fuses them into one loop; the package is still checked against the model as written.
+    Raises `SchemaError` for schema errors and
     `CompileError` for everything else. Prints nothing: `progress` receives one line per stage.
     """
     target = Path(output)
@@ -112,7 +116,9 @@ def compile_model(
         with stages.stage(f"loading schema {Path(schema_path).as_posix()}"):
             binding, layouts = _generated_binding(Path(schema_path), model_name, Path(workdir))
         try:
-            _build_package(binding, layouts, factory, torch_device, index_bounds, target, stages)
+            _build_package(
+                binding, layouts, factory, torch_device, index_bounds, columnwise, target, stages
+            )
         finally:
             _forget_modules(binding)
     return target
@@ -124,17 +130,25 @@ def _build_package(
     factory: str,
     device: torch.device,
     index_bounds: Mapping[str, str] | None,
+    columnwise: bool,
     target: Path,
     stages: _Stages,
 ) -> None:
     with stages.stage(f"building model ({factory})"):
         model, module = _build_model(factory, device)
         bounds = _index_bounds(binding, index_bounds, module)
+        layers = _columnwise_layers(model, stages) if columnwise else None
+    reference = _SchemaOrder(model, binding)
     with stages.stage("exporting with dynamic element counts (torch.export)"):
         sizes = _example_sizes(binding, layouts)
         inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=0)
-        wrapped = _SchemaOrder(model, binding)
-        _check_eager(binding, wrapped, inputs)
+        _check_eager(binding, reference, inputs)
+        wrapped = reference
+        if layers is not None:
+            wrapped = _SchemaOrder(layers[0], binding)
+            with torch.no_grad():
+                rewritten, written = wrapped(*inputs), reference(*inputs)
+            _check_agreement(binding, "the columnwise model", rewritten, written, sizes)
         exported = _export(binding, wrapped, inputs)
     metadata = {
         "format": METADATA_FORMAT,
@@ -145,6 +159,7 @@ def _build_package(
         "factory": factory,
         "binding": describe_binding(binding),
         "index_bounds": bounds,
+        "columnwise": None if layers is None else layers[1],
         "input_geometry": _input_geometry(exported),
         "example_sizes": sizes,
     }
@@ -155,7 +170,7 @@ def _build_package(
         with stages.stage(f"compiling with AOTInductor for {device.type}"):
             _compile(exported, staging, metadata)
         with stages.stage("checking the package against the eager model"):
-            _verify(binding, layouts, wrapped, staging, sizes, bounds, device)
+            _verify(binding, layouts, reference, staging, sizes, bounds, device)
         with stages.stage(f"packaging {target.as_posix()}"):
             os.replace(staging, target)
     finally:
@@ -291,6 +306,26 @@ def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, M
             f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", usage=True
         )
     return model.eval().to(device), module
+
+
+def _columnwise_layers(
+    model: torch.nn.Module, stages: _Stages
+) -> tuple[torch.nn.Module, list[str]]:
+    from soagen.runtime.columnwise import MAX_FUSED_OUTPUTS, columnwise, max_unrolled_inputs
+
+    try:
+        rewritten, names = columnwise(model)
+    except TypeError as error:
+        raise CompileError(f"--columnwise: {error}", usage=True) from None
+    linear = sum(type(module) is torch.nn.Linear for module in model.modules())
+    if names:
+        stages.report(f"columnwise: {', '.join(names)} ({len(names)} of {linear} nn.Linear layers)")
+    else:
+        stages.report(
+            f"columnwise: none of its {linear} nn.Linear layers is narrow enough (at most "
+            f"{max_unrolled_inputs()} inputs or {MAX_FUSED_OUTPUTS} outputs); compiled as written"
+        )
+    return rewritten, names
 
 
 def _index_bounds(

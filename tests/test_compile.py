@@ -1,9 +1,10 @@
 """`soagen compile` and AOTInductor packages: real packages, compiled once per session.
 
 Two packages are built (AOTInductor takes 10-40 s each): the GNN example through the CLI in a
-subprocess, exactly as a user runs it, and a small track model through `compile_model`, whose
-inputs cover a [c, n] block, an array column ([n, 3, 3], strides (1, P, 3P)), a scalar broadcast
-over n (stride 0), and whose two outputs come back as a dict. Everything else (refusals, argument
+subprocess, exactly as a user runs it, and a small track model through `compile_model` with
+`columnwise=True` (its one narrow layer computed column by column), whose inputs cover a [c, n]
+block, an array column ([n, 3, 3], strides (1, P, 3P)), a scalar broadcast over n (stride 0), and
+whose two outputs come back as a dict. Everything else (refusals, argument
 errors) needs no compiler.
 """
 
@@ -84,6 +85,10 @@ def build():
 
 def not_a_module():
     return 42
+
+
+def scripted():
+    return torch.jit.script(build())
 """
 
 
@@ -150,10 +155,12 @@ def tracks(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, 
         "TrackNet",
         f"{root / 'track_model.py'}:build",
         output=root / "out" / "tracks.pt2",
+        columnwise=True,
         progress=lines.append,
     )
     assert package == root / "out" / "tracks.pt2" and package.is_file()
     assert len([line for line in lines if "done in" in line]) == 6
+    assert "columnwise: mix (1 of 1 nn.Linear layers)" in lines
     assert [p.name for p in package.parent.iterdir()] == ["tracks.pt2"]  # no staging file left
     generate_package(root / "tracks.soa", root, "pkg_compile_tracks")
     return import_generated(root, "pkg_compile_tracks", "tracks"), root / "track_model.py", package
@@ -352,6 +359,7 @@ def test_track_package_records_symbolic_strides(tracks: tuple[ModuleType, Path, 
     assert cov["strides"][2] == f"3*{pitch}"
     assert bfield["strides"] == ["0"]
     assert metadata["example_sizes"] == {"Tracks": 64 * 16 + 1}
+    assert metadata["columnwise"] == ["mix"]
 
 
 # Refusing packages built for something else.
@@ -565,6 +573,11 @@ def test_cli_compile_usage_errors(tmp_path: Path) -> None:
         (("--index", "edge_features=node_features"), GNN_FACTORY, "holds float32, not integer"),
         (("--index", "edges=node_features"), GNN_FACTORY, "has no input 'edges'"),
         (("--device", "nonsense"), GNN_FACTORY, "is not a torch device"),
+        (
+            ("--columnwise",),
+            f"{factory_file}:scripted",
+            "--columnwise: columnwise() rewrites Python modules, not TorchScript",
+        ),
     ]
     for extra, factory, message in cases:
         status, stderr = _cli_compile(tmp_path, *extra, factory=factory)
