@@ -496,3 +496,45 @@ def test_the_queued_index_check_refuses_exactly_the_out_of_range_values(dtype: t
     wrapped = torch.tensor([[0, -1]], dtype=torch.int64).to(dtype)  # unsigned: the largest value
     with pytest.raises(RuntimeError, match="out of range"):
         _queue_index_check(wrapped, 10, "out of range")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.int8, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64],
+)
+@pytest.mark.parametrize(
+    "shape, strides",
+    [
+        ((), ()),
+        ((64,), (1,)),
+        ((65,), (1,)),
+        ((2, 32), (40, 1)),
+        ((2, 33), (40, 1)),
+        ((33, 2), (1, 40)),
+        ((2, 2, 17), (80, 40, 1)),
+    ],
+)
+def test_the_host_index_check_finds_the_one_bad_value_in_any_view(
+    dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
+) -> None:
+    # Up to 64 values go through Python lists, more through NumPy; ranks 0 to 3, strided views
+    # with padding between rows (never read), every integer dtype (bound 100: valid 0..99).
+    from soagen.runtime.model import _check_index_range
+
+    class Binding:
+        NAME = "Check"
+
+    storage = torch.full((200,), 120, dtype=torch.int64)  # the padding holds out-of-range values
+    view = storage.as_strided(shape, strides)
+    view.copy_(torch.arange(view.numel()).reshape(shape) % 100)
+    indices = storage.to(dtype).as_strided(shape, strides)
+    _check_index_range(Binding, "index", indices, "points", 100)  # type: ignore[arg-type]
+    for bad in (100, -1):
+        if bad < 0 and not dtype.is_signed:
+            bad_value = torch.tensor(bad, dtype=torch.int64).to(dtype)  # the dtype's largest value
+        else:
+            bad_value = torch.tensor(bad, dtype=dtype)
+        broken = storage.to(dtype).as_strided(shape, strides)
+        broken[tuple(size - 1 for size in shape)] = bad_value  # the last element read
+        with pytest.raises(IndexRangeError, match=r"'index' holds indices outside \[0, 100\)"):
+            _check_index_range(Binding, "index", broken, "points", 100)  # type: ignore[arg-type]

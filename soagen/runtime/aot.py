@@ -350,7 +350,7 @@ class _InputCheck:
     def __call__(self, tensors: Sequence[torch.Tensor]) -> None:
         if not self.inputs:
             return
-        geometry = tuple((t.dtype, t.shape, t.stride()) for t in tensors)
+        geometry = tuple([(t.dtype, t.shape, t.stride()) for t in tensors])
         if geometry in self.accepted:
             return
         self._check(tensors)

@@ -37,7 +37,6 @@ if typing.TYPE_CHECKING:
     from soagen.runtime.collection import Collection
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
-_NO_GUARD = contextlib.nullcontext()
 
 
 class ModelBinding:
@@ -88,6 +87,9 @@ class ModelBinding:
         inputs = [spec.name for spec in type(self).INPUTS]
         self._input_position = {name: position for position, name in enumerate(inputs)}
         self._binding_names = (*inputs, *(spec.name for spec in type(self).OUTPUTS))
+        # (binding name, block spec) pairs, read on every call.
+        self._input_blocks = [(spec.name, spec.block) for spec in type(self).INPUTS]
+        self._output_blocks = [(spec.name, spec.block) for spec in type(self).OUTPUTS]
         self._checked_classes: set[tuple[type, ...]] = set()
         self.contiguous = frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
@@ -222,11 +224,13 @@ class ModelBinding:
         outputs: Mapping[str, Collection],
         device: torch.device,
     ) -> None:
-        cls = type(self)
-        targets = [outputs[spec.name].block(spec.block) for spec in cls.OUTPUTS]
-        if all(target.numel() == 0 for target in targets):
-            return  # nothing to compute: also spares backends their n < 2 corner cases
-        self._execute(inputs, outputs, device, targets)
+        targets = [outputs[name].block(block) for name, block in self._output_blocks]
+        for target in targets:
+            if target.numel():
+                self._execute(inputs, outputs, device, targets)
+                return
+        # Every output is empty: nothing to compute, which also spares backends their n < 2
+        # corner cases.
 
     def _execute(
         self,
@@ -265,7 +269,7 @@ class ModelBinding:
             # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
-        views = [sources[spec.name].block(spec.block) for spec in cls.INPUTS]
+        views = [sources[name].block(block) for name, block in self._input_blocks]
         if self.index_bounds:
             self._check_index_ranges(sources, views)
         versions = [view._version for view in views]
@@ -276,20 +280,38 @@ class ModelBinding:
                 view.contiguous() if spec.name in self.contiguous else view
                 for spec, view in zip(cls.INPUTS, views, strict=True)
             ]
-        with torch.inference_mode() if self._backend.records_autograd else _NO_GUARD:
-            results = _as_outputs(cls, runner(arguments))
-            for spec, view, version in zip(cls.INPUTS, views, versions, strict=True):
-                if view._version != version and not self.protect_inputs:
-                    raise InputModifiedError(
-                        f"{cls.NAME} wrote into its input {spec.name!r} "
-                        f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that "
-                        f"collection now holds modified data. Fix the model, or create the "
-                        f"binding with protect_inputs=True to run it on copies"
-                    )
-            if targets is not None:
-                _check_outputs(cls, results, targets)
-                for target, result in zip(targets, results, strict=True):
-                    target.copy_(result)
+        if self._backend.records_autograd:
+            with torch.inference_mode():
+                return self._finish(runner(arguments), views, versions, targets)
+        return self._finish(runner(arguments), views, versions, targets)
+
+    def _finish(
+        self,
+        result: object,
+        views: Sequence[torch.Tensor],
+        versions: Sequence[int],
+        targets: Sequence[torch.Tensor] | None,
+    ) -> list[torch.Tensor]:
+        """Check the model's return value and its inputs' version counters, then write each
+        output into its block (`targets`), or none of them."""
+        cls = type(self)
+        results = _as_outputs(cls, result)
+        if [view._version for view in views] != versions and not self.protect_inputs:
+            spec = next(
+                spec
+                for spec, view, version in zip(cls.INPUTS, views, versions, strict=True)
+                if view._version != version
+            )
+            raise InputModifiedError(
+                f"{cls.NAME} wrote into its input {spec.name!r} "
+                f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that "
+                f"collection now holds modified data. Fix the model, or create the "
+                f"binding with protect_inputs=True to run it on copies"
+            )
+        if targets is not None:
+            _check_outputs(cls, results, targets)
+            for target, result_tensor in zip(targets, results, strict=True):
+                target.copy_(result_tensor)
         return results
 
 
@@ -342,16 +364,21 @@ def _check_index_range(
     if indices.device.type != "cpu":
         _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
         return
-    # NumPy reduces every integer dtype, unsigned included, over strided views; two passes of it
-    # beat one `torch.aminmax` (about 2x at 1e6 elements) and cost less per call at small n.
-    values = indices.numpy()
-    if values.size > 64:
-        low, high = int(values.min()), int(values.max())
-    elif values.size:  # a few values: plain Python beats two reductions' fixed cost
-        flat = values.ravel().tolist()
+    count, rank = indices.numel(), indices.dim()
+    if not count:
+        return
+    if count <= 64 and rank <= 2:
+        # A few values: Python's min and max over `tolist()` beat any reduction's fixed cost.
+        values: typing.Any = indices.tolist()  # an int, a list, or a list of lists
+        flat: list[int] = (
+            [values] if rank == 0 else values if rank == 1 else [v for row in values for v in row]
+        )
         low, high = min(flat), max(flat)
     else:
-        return
+        # NumPy reduces every integer dtype, unsigned included, over strided views; two passes
+        # of it beat one `torch.aminmax` (about 2x at 1e6 elements).
+        array = indices.numpy()
+        low, high = int(array.min()), int(array.max())
     if low < 0 or high >= bound:
         message = _index_message(cls, index_name, bound_name, bound)
         raise IndexRangeError(f"{message} (values {low}..{high})")
@@ -387,6 +414,8 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
 
     if isinstance(result, torch.Tensor):
         result = [result]
+    elif isinstance(result, (tuple, list)):
+        pass  # the common case, tested first: a Mapping check costs an ABC lookup
     elif isinstance(result, Mapping):
         names = [spec.name for spec in cls.OUTPUTS]
         if sorted(map(str, result)) != sorted(names):
@@ -395,9 +424,8 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
                 f"outputs are {', '.join(names)}; nothing was written"
             )
         result = [result[name] for name in names]
-    if not isinstance(result, (tuple, list)) or not all(
-        isinstance(r, torch.Tensor) for r in result
-    ):
+    tensor = torch.Tensor
+    if not isinstance(result, (tuple, list)) or not all([isinstance(r, tensor) for r in result]):
         raise OutputError(
             f"{cls.NAME} returned {type(result).__name__}; a model returns a tensor, a tuple or list "
             f"of tensors, or a dict keyed by output name; nothing was written"
@@ -418,7 +446,7 @@ def _check_outputs(
     count was checked with the return value)."""
     for spec, result, target in zip(cls.OUTPUTS, results, targets, strict=True):
         problem = None
-        if tuple(result.shape) != tuple(target.shape):
+        if result.shape != target.shape:
             problem = f"shape {list(result.shape)}, expected {list(target.shape)}"
         elif result.dtype != target.dtype:
             problem = f"dtype {result.dtype}, expected {target.dtype}"
