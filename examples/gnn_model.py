@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 # `edge_index` holds rows of `node_features`: soagen checks the range before compiled calls, where a
-# bad index would read out of bounds instead of raising. `soagen compile` records this in the package.
+# bad index would read out of bounds instead of raising. `soagen compile` records this in the package
+# unless `--index` is given.
 INDEX_BOUNDS = {"edge_index": "node_features"}
 
 
@@ -41,8 +42,3 @@ def build_model(seed: int = 0) -> EdgeClassifierNet:
     """The factory `soagen compile --factory examples/gnn_model.py:build_model` calls."""
     torch.manual_seed(seed)
     return EdgeClassifierNet().eval()
-
-
-# `soagen compile` records these unless `--index` is given: edge_index holds row numbers of
-# node_features, so the runtime checks them against the node count before running the model.
-INDEX_BOUNDS = {"edge_index": "node_features"}

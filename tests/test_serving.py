@@ -169,6 +169,51 @@ def test_blocks_travel_in_storage_order_with_one_event_per_request() -> None:
     assert inputs["node_features"].inverse == (1, 0)
 
 
+def _wire_request(nodes: Nodes, edges: Edges) -> object:
+    """A request as PyTriton hands it to the server's function: `.data`, wire arrays by name."""
+    collections = {"node_features": nodes, "edge_index": edges, "edge_features": edges}
+    data = {}
+    for spec in EdgeClassifier.INPUTS:
+        wire = wire_tensor(spec)
+        view = collections[spec.name].block(spec.block).permute(wire.order)
+        data[wire.name] = view.contiguous().numpy()[None]
+    return type("Request", (), {"data": data})()
+
+
+def test_an_event_that_fails_among_others_is_answered_alone(local: EdgeClassifier) -> None:
+    # PyTriton fails a whole execution when its function raises: the server answers a bad event
+    # with its error and empty outputs, and the events batched with it keep their results.
+    import numpy as np
+
+    from soagen.runtime.errors import IndexRangeError
+    from soagen.serving.server import EventRunner
+    from soagen.serving.wire import ERROR_OUTPUT
+
+    from soagen.runtime import ensure_cpu_settings
+
+    ensure_cpu_settings()  # as `soagen serve` does before it starts: same threads as local calls
+    runner = EventRunner(local, {"Nodes": Nodes, "Edges": Edges}, "cpu")
+    good = [_event(10 + k, 30 + k, k) for k in range(2)]
+    bad_nodes, bad_edges = _event(10, 30, 7)
+    bad_edges.dst[4] = 10  # not a node
+    answers = runner(
+        [_wire_request(*good[0]), _wire_request(bad_nodes, bad_edges), _wire_request(*good[1])]
+    )
+    for (nodes, edges), answer in zip(good, answers[::2], strict=True):
+        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+        assert torch.equal(
+            torch.from_numpy(answer["edge_scores"][0]), _expected(local, nodes, edges)
+        )
+    failed = answers[1]
+    assert failed["edge_scores"].shape == (1, 0)
+    message = failed[ERROR_OUTPUT].reshape(-1)[0].decode()
+    assert message.startswith("IndexRangeError: EdgeClassifier: input 'edge_index' holds indices")
+    assert failed[ERROR_OUTPUT].dtype.kind == "S" and np.all(answers[0][ERROR_OUTPUT] == b"")
+    # Alone in its execution, the event fails as a Triton error (any client reads those).
+    with pytest.raises(IndexRangeError):
+        runner([_wire_request(bad_nodes, bad_edges)])
+
+
 def test_client_follows_the_servers_axis_order_and_batch_axis() -> None:
     from soagen.serving.client import _served
 
@@ -371,6 +416,50 @@ def test_server_errors_name_the_url_and_leave_the_output_untouched(server: Serve
         assert isinstance(caught.value, SoaRuntimeError)
         assert remote.stats.retries == 0  # an answer is not retried
     assert bytes(out.buffer.numpy()) == before
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["grpc", "shared-memory"])
+def test_a_bad_event_fails_only_its_own_call(
+    server: Served, local: EdgeClassifier, shared_memory: bool
+) -> None:
+    # Concurrent events share executions (the server's queue delay is 20 ms): one bad event
+    # among them fails its own call, and every other call gets its results.
+    remote = EdgeClassifier.remote(
+        server.url, shared_memory=shared_memory, access_token=server.token
+    )
+    events = [_event(20 + k, 60 + 7 * k, 40 + k) for k in range(8)]
+    events[3][1].src[11] = 1000  # not a node
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    for out in outs:
+        out.score.fill_(-1.0)
+    raised: dict[int, BaseException] = {}
+    barrier = threading.Barrier(len(events))
+
+    def call(k: int) -> None:
+        try:
+            barrier.wait()
+            remote(*events[k], out=outs[k])
+        except BaseException as error:  # collected, checked below
+            raised[k] = error
+
+    before = remote.server_statistics()
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    after = remote.server_statistics()
+    remote.close()
+    assert list(raised) == [3], raised
+    assert isinstance(raised[3], RemoteInferenceError)
+    assert "IndexRangeError" in str(raised[3]) and "nothing was written" in str(raised[3])
+    assert bool((outs[3].score == -1.0).all())
+    for k, ((nodes, edges), out) in enumerate(zip(events, outs, strict=True)):
+        if k != 3:
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+    executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
+    assert executions < len(events)  # events shared executions
 
 
 @needs_triton

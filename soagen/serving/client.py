@@ -63,7 +63,7 @@ from soagen.serving.errors import (
     RemoteResponseError,
     RemoteUnavailableError,
 )
-from soagen.serving.wire import WireTensor, declared_order, wire_tensors
+from soagen.serving.wire import ERROR_OUTPUT, WireTensor, declared_order, wire_tensors
 
 if typing.TYPE_CHECKING:
     from multiprocessing.shared_memory import SharedMemory
@@ -244,6 +244,7 @@ class RemoteBinding(ModelBinding):
         self._inputs = wire_tensors(cls.INPUTS)
         self._outputs = wire_tensors(cls.OUTPUTS)
         self._configured = False  # the server's tensor layout is read at the first call
+        self._error_output = False  # whether the server answers failed events in ERROR_OUTPUT
         self._configure_lock = threading.Lock()
         self.stats = RemoteStats()
         self._grpc = _tritonclient()
@@ -402,6 +403,9 @@ class RemoteBinding(ModelBinding):
             )
             self._outputs = tuple(
                 _served(cls.NAME, self.url, w, served, batched) for w in self._outputs
+            )
+            self._error_output = any(
+                entry.get("name") == ERROR_OUTPUT for entry in config.get("output", [])
             )
             self._configured = True
 
@@ -567,6 +571,8 @@ class RemoteBinding(ModelBinding):
                 request.output_offsets.append(offset)
                 offset += _aligned(nbytes)
             request.outputs.append(entry)
+        if self._error_output:
+            request.outputs.append(grpc.InferRequestedOutput(ERROR_OUTPUT))  # a few bytes, by gRPC
         request.region = region
         self.stats.add(bytes_copied=copied, bytes_shared=shared)
         return request
@@ -578,6 +584,13 @@ class RemoteBinding(ModelBinding):
         import numpy as np
 
         cls = type(self)
+        if self._error_output:
+            failure = _event_error(response)
+            if failure:
+                raise RemoteInferenceError(
+                    f"{cls.NAME} on {self.url} (model {self.model_name!r}) failed: {failure}; "
+                    f"nothing was written"
+                )
         results = []
         for position, (target, wire) in enumerate(zip(targets, self._outputs, strict=True)):
             expected = wire.wire_shape(tuple(target.shape))
@@ -722,6 +735,18 @@ def _host_array(source: _Source, wire: WireTensor) -> tuple[NDArray[typing.Any],
     host = torch.empty(tuple(source.shape), dtype=source.dtype)
     host.copy_(source)
     return numpy_of(host), 1
+
+
+def _event_error(response: typing.Any) -> str:
+    """The error `soagen serve` answered this event with, or "" (see `wire.ERROR_OUTPUT`)."""
+    try:
+        values = response.as_numpy(ERROR_OUTPUT)
+    except Exception:
+        values = None
+    if values is None or values.size != 1:
+        return "its answer has no readable soagen_error output"
+    value = values.reshape(-1)[0]
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _declared_tensor(array: NDArray[typing.Any], wire: WireTensor) -> torch.Tensor:

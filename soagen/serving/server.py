@@ -22,8 +22,10 @@ Per event, the server rebuilds the input collections (one allocation and one cop
 from PyTriton's request memory into a buffer with the layout's pitches), so the model sees exactly
 the strides a local call gives it (AOTInductor packages rely on them) and results match local
 execution bit for bit on the same machine and thread count. PyTriton fails a whole execution when
-one of its events is bad (a wrong element count, an index out of range): its error reaches every
-client of that execution, named by position.
+its function raises, so an event that fails (a wrong element count, an index out of range) among
+others is answered with empty outputs and its error in the extra output `soagen_error`
+(`wire.ERROR_OUTPUT`), which soagen's client raises as that call's `RemoteInferenceError`; the other
+events of the execution keep their results. An event alone in its execution fails as a Triton error.
 
 Serving rules: loopback (127.0.0.1) unless told otherwise; PyTriton's workspace in a temporary
 folder, not ~/.cache; the shared-memory, statistics and repository APIs guarded by an access token
@@ -40,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import secrets
 import shutil
@@ -63,6 +66,7 @@ from soagen.serving.events import EventError, EventInput, EventLoader
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_QUEUE_DELAY_US,
+    ERROR_OUTPUT,
     WireTensor,
     declared_order,
     dims_match,
@@ -72,6 +76,8 @@ from soagen.serving.wire import (
 if typing.TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
+
+_LOG = logging.getLogger("soagen.serve")
 
 PYTRITON_VERSION = "0.7.0"
 DEFAULT_GRPC_PORT = 8001
@@ -223,19 +229,37 @@ class EventRunner:
         ]
 
     def __call__(self, requests: Sequence[typing.Any]) -> list[dict[str, NDArray[typing.Any]]]:
+        import numpy as np
+
         answers = []
-        for position, request in enumerate(requests):
+        for request in requests:
             try:
-                answers.append(self.run_event(request.data))
+                answer = self.run_event(request.data)
             except Exception as error:
                 if len(requests) == 1:
-                    raise
-                # PyTriton fails every event of an execution with the error of one.
-                where = f"event {position + 1} of {len(requests)} batched together"
-                if _reraisable(error):
-                    raise type(error)(f"{where}: {error}") from error
-                raise
+                    raise  # alone in its execution: a Triton error, which every client reads
+                # Raising would fail every event of the execution: answer this one with its error.
+                answer = self.failed_event(error)
+            else:
+                answer[ERROR_OUTPUT] = np.array([[b""]], dtype=np.bytes_)
+            answers.append(answer)
         return answers
+
+    def failed_event(self, error: Exception) -> dict[str, NDArray[typing.Any]]:
+        """The answer to an event that raised `error`: empty outputs, and the error's type and
+        message in `ERROR_OUTPUT`."""
+        import numpy as np
+
+        _LOG.warning("an event failed among others batched with it: %s", error)
+        answer = {
+            wire.name: np.empty(
+                (1, *(0 if size == -1 else size for size in wire.dims)), dtype=wire.numpy_dtype
+            )
+            for wire in self.outputs
+        }
+        message = f"{type(error).__name__}: {error}".encode(errors="replace")
+        answer[ERROR_OUTPUT] = np.array([[message]], dtype=np.bytes_)
+        return answer
 
     def run_event(
         self, arrays: Mapping[str, NDArray[typing.Any]]
@@ -261,15 +285,6 @@ class EventRunner:
                 raise ValueError(f"{name} output {wire.name!r} {problem}; nothing was sent")
             answer[wire.name] = numpy_of(result.permute(wire.order).contiguous().cpu())[None]
         return answer
-
-
-def _reraisable(error: Exception) -> bool:
-    """Whether `type(error)(message)` rebuilds the error (soagen's and built-in errors do)."""
-    try:
-        type(error)("probe")
-    except Exception:
-        return False
-    return True
 
 
 def _output_problem(
@@ -453,7 +468,10 @@ def serve(
             model_name=served_name,
             infer_func=runner,
             inputs=tensors(runner.inputs),
-            outputs=tensors(runner.outputs),
+            outputs=[
+                *tensors(runner.outputs),
+                Tensor(name=ERROR_OUTPUT, dtype=np.bytes_, shape=(1,)),
+            ],
             config=ModelConfig(
                 batching=True,
                 max_batch_size=max_batch_size,
