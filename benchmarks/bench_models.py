@@ -1171,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
     report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
     if not args.no_memory and "cpu" in devices:
         report["memory"] = {}
-        cpu_packages = {k: v for k, v in tools.packages.items() if k.endswith("cpu")}
+        cpu_packages = {k: v for k, v in tools.packages.items() if k.split()[1] == "cpu"}
         for model in [m for m in BUILDERS if m in args.models.split(",")]:
             log(f"peak memory of {model} (subprocess) ...")
             report["memory"][model] = memory_in_subprocess(
