@@ -23,7 +23,7 @@ from PyTriton's request memory into a buffer with the layout's pitches), so the 
 the strides a local call gives it (AOTInductor packages rely on them) and results match local
 execution bit for bit on the same machine and thread count. PyTriton fails a whole execution when
 its function raises, so an event that fails (a wrong element count, an index out of range) among
-others is answered with empty outputs and its error in the extra output `soagen_error`
+others is answered with placeholder outputs and its error in the extra output `soagen_error`
 (`wire.ERROR_OUTPUT`), which soagen's client raises as that call's `RemoteInferenceError`; the other
 events of the execution keep their results. An event alone in its execution fails as a Triton error.
 
@@ -246,14 +246,14 @@ class EventRunner:
         return answers
 
     def failed_event(self, error: Exception) -> dict[str, NDArray[typing.Any]]:
-        """The answer to an event that raised `error`: empty outputs, and the error's type and
-        message in `ERROR_OUTPUT`."""
+        """The answer to an event that raised `error`: placeholder outputs of one element (PyTriton
+        cannot send empty arrays), and the error's type and message in `ERROR_OUTPUT`."""
         import numpy as np
 
         _LOG.warning("an event failed among others batched with it: %s", error)
         answer = {
-            wire.name: np.empty(
-                (1, *(0 if size == -1 else size for size in wire.dims)), dtype=wire.numpy_dtype
+            wire.name: np.zeros(
+                (1, *(1 if size == -1 else size for size in wire.dims)), dtype=wire.numpy_dtype
             )
             for wire in self.outputs
         }

@@ -55,14 +55,15 @@ TRITON_DATATYPES: dict[str, str] = {
 
 # An element count at which every pitch exceeds 1 element, so strides sort the axes unambiguously.
 _PROBE_ELEMENTS = 1000
-# Events a served model's execution gathers at most, and how long Triton's dynamic batcher waits
-# for more, unless told otherwise (for `soagen serve` and `soagen triton` alike).
+
 # `soagen serve`'s one output besides the binding's: per event, empty, or the error that event
 # raised. PyTriton fails every event of an execution when its function raises, so an event that
-# fails among others is answered with its error here (and empty outputs), and the others keep their
-# results. Soagen's client requests it when the server declares it and raises the error.
+# fails among others is answered with its error here (and placeholder outputs), and the others keep
+# their results. Soagen's client requests it when the server declares it and raises the error.
 ERROR_OUTPUT = "soagen_error"
 
+# Events a served model's execution gathers at most, and how long Triton's dynamic batcher waits
+# for more, unless told otherwise (for `soagen serve` and `soagen triton` alike).
 DEFAULT_MAX_BATCH_SIZE = 64
 DEFAULT_MAX_QUEUE_DELAY_US = 500
 
