@@ -218,12 +218,7 @@ def _generated_binding(
         model.name: schema_file for schema_file in schema.files for model in schema_file.models
     }
     if model_name not in files:
-        known = ", ".join(sorted(files))
-        raise CompileError(
-            f"{schema_path.as_posix()} has no model {model_name!r}; "
-            + (f"its models are {known}" if known else "it declares no models"),
-            usage=True,
-        )
+        raise CompileError(schema.unknown_model(model_name, schema_path.as_posix()), usage=True)
     package = f"_soagen_compile_{uuid.uuid4().hex}"
     folder = workdir / package
     folder.mkdir()

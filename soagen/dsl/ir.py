@@ -166,6 +166,17 @@ class Schema:
     def layouts(self) -> dict[str, Layout]:
         return {layout.name: layout for f in self.files for layout in f.layouts}
 
+    @property
+    def models(self) -> dict[str, Model]:
+        return {model.name: model for f in self.files for model in f.models}
+
+    def unknown_model(self, name: str, shown_path: str) -> str:
+        """The error text for a `--model` this schema does not declare."""
+        known = ", ".join(sorted(self.models))
+        return f"{shown_path} has no model {name!r}; " + (
+            f"its models are {known}" if known else "it declares no models"
+        )
+
     def file_of_layout(self, name: str) -> SchemaFile:
         for f in self.files:
             if any(layout.name == name for layout in f.layouts):

@@ -317,14 +317,9 @@ class Options:
 
 
 def find_model(schema: Schema, name: str, schema_path: str) -> Model:
-    models = {model.name: model for f in schema.files for model in f.models}
+    models = schema.models
     if name not in models:
-        known = ", ".join(sorted(models))
-        raise TritonError(
-            f"{schema_path} has no model {name!r}; "
-            + (f"its models are {known}" if known else "it declares no models"),
-            usage=True,
-        )
+        raise TritonError(schema.unknown_model(name, schema_path), usage=True)
     return models[name]
 
 
