@@ -64,7 +64,7 @@ from examples.gnn_model import INDEX_BOUNDS  # noqa: E402
 from examples.gnn_model import build_model as build_gnn  # noqa: E402
 from soagen.dsl.loader import load  # noqa: E402
 from soagen.generator.python import generate  # noqa: E402
-from soagen.runtime import set_cpu_threads, set_malloc_tuning  # noqa: E402
+from soagen.runtime import ModelBinding, set_cpu_threads, set_malloc_tuning  # noqa: E402
 
 MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
@@ -74,7 +74,9 @@ GNN_FACTORY = f"{REPO / 'examples' / 'gnn_model.py'}:build_model"
 BACKENDS = ("eager", "torchscript", "compile", "aot", "aot-columnwise")
 RTOL, ATOL = 1e-4, 1e-5
 
-Run = Callable[[], torch.Tensor]  # one call of a path; returns its output for the check
+# One call of a path: returns its output, or None when it wrote into the case's output columns
+# (read back by `Case.written` for the check, outside the timed calls).
+Run = Callable[[], torch.Tensor | None]
 Stats = dict[str, Any]
 
 
@@ -87,6 +89,10 @@ class Case:
     device: str
     reference: torch.Tensor
     paths: dict[str, Run] = field(default_factory=dict)
+    # For each path that returns None: what reads its output back, shaped as the reference, and
+    # the output tensors it writes (zeroed before its check, so a path that writes nothing fails).
+    readers: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+    written: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     # Null-model pieces for the binding-overhead table: name -> action (output ignored).
     overhead: dict[str, Callable[[], object]] = field(default_factory=dict)
     # soagen calls, for the CUDA profiler's copy count.
@@ -94,7 +100,7 @@ class Case:
     # The soagen model object behind each soagen path, and the collections by layout name.
     models: dict[str, Any] = field(default_factory=dict)
     collections: dict[str, Any] = field(default_factory=dict)
-    binding: type | None = None
+    binding: type[ModelBinding] | None = None
     data_bytes: int = 0
 
 
@@ -170,7 +176,7 @@ def onnx_session(
     arena: bool = True,
 ) -> Any:
     """An ONNX Runtime session on one thread: with two, the GNN's results were wrong and varied."""
-    import onnxruntime
+    import onnxruntime  # type: ignore[import-untyped]
 
     program = torch.onnx.export(
         net.eval(), example, dynamo=True, dynamic_shapes=dynamic, verbose=False
@@ -219,7 +225,7 @@ class NullModel(torch.nn.Module):
 
 
 def soagen_model(
-    binding: type,
+    binding: type[ModelBinding],
     net: torch.nn.Module,
     backend: str,
     package: Path | None,
@@ -290,6 +296,9 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     def written() -> torch.Tensor:
         return torch.stack(out_columns, dim=1)
 
+    def host_written() -> torch.Tensor:
+        return torch.from_numpy(np.stack(host_out, axis=1))
+
     def ideal() -> torch.Tensor:
         with torch.inference_mode():
             result: torch.Tensor = net(premade)
@@ -299,26 +308,25 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
         for index, column in enumerate(out_columns):
             column.copy_(result[:, index])
 
-    def naive_torch() -> torch.Tensor:
+    def naive_torch() -> None:
         with torch.inference_mode():
             write_back(net(torch.stack(columns, dim=1).to(device)))
-        return written()
 
-    def naive_numpy() -> torch.Tensor:
+    def naive_numpy() -> None:
         with torch.inference_mode():
             result = net(torch.from_numpy(np.stack(arrays, axis=1)).to(device)).cpu().numpy()
         for index, array in enumerate(host_out):
             array[:] = result[:, index]
-        return torch.from_numpy(np.stack(host_out, axis=1))
 
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
+    case.readers["naive np.stack"] = host_written
+    case.written["naive np.stack"] = [host_scores.buffer]
     for backend in tools.backends:
         package = tools.packages.get(package_key("mlp", device, backend))
         model = soagen_model(module.HitMlp, net, backend, package)
 
-        def call(model: Any = model) -> torch.Tensor:
+        def call(model: Any = model) -> None:
             model(hits, out=scores)
-            return written()
 
         name = path_name(backend)
         case.paths[name] = call
@@ -328,11 +336,10 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     if device == "cpu" and "mlp" in tools.sessions:
         session, session_columns = tools.sessions["mlp"], tools.sessions["mlp columns"]
 
-        def ort_copies() -> torch.Tensor:
+        def ort_copies() -> None:
             (result,) = session.run(None, {"features": np.stack(arrays, axis=1)})
             for index, array in enumerate(host_out):
                 array[:] = result[:, index]
-            return written()
 
         view_out = scores.block("scores")
         binding = bind_ort(
@@ -341,11 +348,13 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
             (view_out, (2, view_out.stride(1)), np.float32),
         )
 
-        def ort_io_binding() -> torch.Tensor:
+        def ort_io_binding() -> None:
             session_columns.run_with_iobinding(binding)
-            return written()
 
         case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+    for name in case.paths:
+        if name != "ideal" and name not in case.readers:
+            case.readers[name], case.written[name] = written, [scores.buffer]
 
     # The binding layer alone: a null model, and a 2-element output so the write-back is nothing.
     null_result = reference.clone()
@@ -421,18 +430,18 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             torch.from_numpy(np.stack(edge_arrays, axis=1)).to(device),
         )
 
-    def naive_torch() -> torch.Tensor:
+    def naive_torch() -> None:
         with torch.inference_mode():
             scores.score.copy_(net(*gather_torch()))
-        return scores.score
 
-    def naive_numpy() -> torch.Tensor:
+    def naive_numpy() -> None:
         with torch.inference_mode():
             host_score[:] = net(*gather_numpy()).cpu().numpy()
-        return host_scores.score
 
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
-    variants = [(backend, ()) for backend in tools.backends]
+    case.readers["naive np.stack"] = lambda: host_scores.score
+    case.written["naive np.stack"] = [host_scores.buffer]
+    variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
     if "eager" in tools.backends:
         # Row gathers over column-major node features, and torch.cat over column-major edge
         # features, are slower than on row-major copies: the trade of one copy per call.
@@ -448,9 +457,8 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             index_bounds=INDEX_BOUNDS,
         )
 
-        def call(model: Any = model) -> torch.Tensor:
+        def call(model: Any = model) -> None:
             model(nodes, edges, out=scores)
-            return scores.score
 
         name = path_name(backend) + "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
         case.paths[name] = call
@@ -461,7 +469,7 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
     if device == "cpu" and "gnn" in tools.sessions:
         session, session_columns = tools.sessions["gnn"], tools.sessions["gnn columns"]
 
-        def ort_copies() -> torch.Tensor:
+        def ort_copies() -> None:
             (result,) = session.run(
                 None,
                 {
@@ -471,7 +479,6 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
                 },
             )
             host_score[:] = result
-            return scores.score
 
         index_block = edges.block("edge_index")
         binding = bind_ort(
@@ -485,11 +492,13 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             (scores.block("edge_scores"), (index_block.stride(0),), np.float32),
         )
 
-        def ort_io_binding() -> torch.Tensor:
+        def ort_io_binding() -> None:
             session_columns.run_with_iobinding(binding)
-            return scores.score
 
         case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+    for name in case.paths:
+        if name != "ideal" and name not in case.readers:
+            case.readers[name], case.written[name] = (lambda: scores.score), [scores.buffer]
 
     null_result = reference.clone()
     null = module.EdgeClassifier(NullModel(null_result[:2].clone()))
@@ -523,7 +532,14 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def check(case: Case, name: str, output: torch.Tensor) -> None:
+def check(case: Case, name: str, run: Callable[[], object]) -> None:
+    """One more call of a path, its output checked against the reference."""
+    for tensor in case.written.get(name, []):
+        tensor.zero_()
+    output = run()
+    if output is None:
+        output = case.readers[name]()
+    assert isinstance(output, torch.Tensor), name
     try:
         torch.testing.assert_close(output.cpu(), case.reference.cpu(), rtol=RTOL, atol=ATOL)
     except AssertionError as error:
@@ -549,14 +565,14 @@ def time_paths(
     repeats: int,
     min_sample_s: float,
     synchronize: Callable[[], None],
-    verify: Callable[[str, Any], None] | None = None,
+    verify: Callable[[str, Callable[[], object]], None] | None = None,
 ) -> dict[str, Stats]:
     """Warm up and check every path, then time them round-robin, the first path rotating."""
     calls: dict[str, int] = {}
     for name, run in paths.items():
         taken = warm_up(run, synchronize)
         if verify is not None:
-            verify(name, run())
+            verify(name, run)
         calls[name] = max(1, min(10_000, math.ceil(min_sample_s / max(taken, 1e-7))))
     samples: dict[str, list[float]] = {name: [] for name in paths}
     faults: dict[str, list[float]] = {name: [] for name in paths}
@@ -808,7 +824,9 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
     for model, by_n in results.items():
         sizes = sorted(by_n)
         soagen_paths = [p for p in by_n[sizes[0]] if p.startswith("soagen")]
-        fastest_vs_ort, fastest_vs_ideal, per_backend = [], [], {p: [] for p in soagen_paths}
+        fastest_vs_ort: list[str] = []
+        fastest_vs_ideal: list[str] = []
+        per_backend: dict[str, list[float]] = {p: [] for p in soagen_paths}
         for n in sizes:
             row = by_n[n]
             best = min(soagen_paths, key=lambda p: row[p]["median_ms"])
@@ -1146,8 +1164,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{model} n = {size_label(n)} on {device} ...")
                 case = build(n, device, tools)
 
-                def verify(name: str, output: Any, case: Case = case) -> None:
-                    check(case, name, output)
+                def verify(name: str, run: Callable[[], object], case: Case = case) -> None:
+                    check(case, name, run)
 
                 results[model][n] = time_paths(
                     dict(case.paths), repeats, min_sample_s, synchronize, verify
