@@ -311,9 +311,16 @@ def test_contiguous_inputs_are_row_major_copies(mlp_module) -> None:  # type: ig
             seen.append(points)
             return points[:, :2] * 2
 
-    points, scores = _points(mlp_module, 40), mlp_module.Scores.allocate(40)
-    mlp_module.Mlp(Spy(), contiguous=["points"])(points, out=scores)
-    assert seen[0].is_contiguous() and seen[0].data_ptr() != points.buffer.data_ptr()
-    torch.testing.assert_close(scores.a, points.x * 2)
+    # 4096: float32 columns with no padding (pitch == n), whose [n, 3] view is a transposed
+    # contiguous matrix; `soagen.runtime.buffers.contiguous_copy` copies it without ATen's tiles.
+    for n in (40, 4096):
+        points, scores = _points(mlp_module, n), mlp_module.Scores.allocate(n)
+        assert (points.block("points").stride(1) == n) == (n == 4096)
+        seen.clear()
+        mlp_module.Mlp(Spy(), contiguous=["points"])(points, out=scores)
+        assert seen[0].is_contiguous() and seen[0].data_ptr() != points.buffer.data_ptr()
+        assert torch.equal(seen[0], points.block("points"))
+        torch.testing.assert_close(scores.a, points.x * 2)
+        torch.testing.assert_close(scores.b, points.y * 2)
     with pytest.raises(BindingError, match="contiguous: Mlp has no input 'scores'"):
         mlp_module.Mlp(Spy(), contiguous=["scores"])

@@ -431,3 +431,35 @@ def test_lazy_conjugate_tensor_is_refused() -> None:
     tensor = torch.zeros(Nodes.byte_size(1) // 8, dtype=torch.complex64).conj()
     with pytest.raises(UnsupportedBufferError, match="conjugate"):
         Nodes.wrap(tensor, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16, torch.bool])
+@pytest.mark.parametrize(
+    ("n", "columns", "pitch"),
+    [
+        (5000, 2, 5000),  # unpadded columns: the transpose ATen would copy in tiles
+        (5000, 2, 5024),  # padded columns
+        (1024, 3, 1024),  # under the tiled-transpose size
+        (300, 64, 300),  # many columns
+        (4096, 1, 4096),  # one column: already contiguous
+    ],
+)
+def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
+    dtype: torch.dtype, n: int, columns: int, pitch: int
+) -> None:
+    from soagen.runtime.buffers import contiguous_copy
+
+    storage = torch.randint(0, 100, (columns * pitch,)).to(dtype)
+    view = storage.as_strided((n, columns), (1, pitch))
+    copy = contiguous_copy(view)
+    assert copy.is_contiguous() and copy.dtype == dtype and copy.shape == view.shape
+    assert torch.equal(copy, view)
+    if columns > 1:
+        assert copy.data_ptr() != storage.data_ptr()
+        copy.zero_()
+        assert torch.equal(view, storage.as_strided((n, columns), (1, pitch)))
+    # A row-major [n, c] seen as [c, n] (what `soagen serve` sends) and tensors of other ranks.
+    for other in (copy.t(), storage[:n], storage[: 4 * 5 * 6].reshape(4, 5, 6).transpose(0, 2)):
+        assert torch.equal(contiguous_copy(other), other.contiguous())
+        assert contiguous_copy(other).is_contiguous()
+

@@ -276,8 +276,10 @@ class ModelBinding:
         runner = self._backend.on(device)
         arguments = views
         if self.contiguous:
+            from soagen.runtime.buffers import contiguous_copy
+
             arguments = [
-                view.contiguous() if spec.name in self.contiguous else view
+                contiguous_copy(view) if spec.name in self.contiguous else view
                 for spec, view in zip(cls.INPUTS, views, strict=True)
             ]
         if self._backend.records_autograd:

@@ -266,7 +266,7 @@ class EventRunner:
         self, arrays: Mapping[str, NDArray[typing.Any]]
     ) -> dict[str, NDArray[typing.Any]]:
         """One event: wire arrays in, wire arrays out (each with the batch axis of 1)."""
-        from soagen.runtime.buffers import numpy_of, tensor_of
+        from soagen.runtime.buffers import contiguous_copy, numpy_of, tensor_of
 
         tensors = {}
         for name, wire, inverse in self._input_plan:
@@ -284,7 +284,7 @@ class EventRunner:
             if problem is not None:
                 name = type(self.binding).NAME
                 raise ValueError(f"{name} output {wire.name!r} {problem}; nothing was sent")
-            answer[wire.name] = numpy_of(result.permute(wire.order).contiguous().cpu())[None]
+            answer[wire.name] = numpy_of(contiguous_copy(result.permute(wire.order)).cpu())[None]
         return answer
 
 
