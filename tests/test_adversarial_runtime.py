@@ -536,5 +536,9 @@ def test_the_host_index_check_finds_the_one_bad_value_in_any_view(
             bad_value = torch.tensor(bad, dtype=dtype)
         broken = storage.to(dtype).as_strided(shape, strides)
         broken[tuple(size - 1 for size in shape)] = bad_value  # the last element read
-        with pytest.raises(IndexRangeError, match=r"'index' holds indices outside \[0, 100\)"):
+        with pytest.raises(
+            IndexRangeError, match=r"'index' holds indices outside \[0, 100\)"
+        ) as raised:
             _check_index_range(Binding, "index", broken, "points", 100)  # type: ignore[arg-type]
+        values = broken.flatten().tolist()  # the values the view reads, padding not included
+        assert f"(values {min(values)}..{max(values)})" in str(raised.value)
