@@ -462,4 +462,3 @@ def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
     for other in (copy.t(), storage[:n], storage[: 4 * 5 * 6].reshape(4, 5, 6).transpose(0, 2)):
         assert torch.equal(contiguous_copy(other), other.contiguous())
         assert contiguous_copy(other).is_contiguous()
-

@@ -555,8 +555,8 @@ def _expected(request: dict[str, Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def gnn_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One repository with the GNN served four ways and the bfloat16 model `half_sum` (built once:
-    the server tests reuse it)."""
+    """One repository with the GNN served four ways, the bfloat16 model `half_sum` and the model
+    `scaled` with a scalar input (built once: the server tests reuse it)."""
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("triton")
     out = root / "repository"
@@ -564,6 +564,12 @@ def gnn_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     status, _, stderr = run_cli(
         "triton", str(schema), "--model", "Sum", "--factory", factory, "--name", "half_sum",
         "-o", str(out),
+    )  # fmt: skip
+    assert status == 0, stderr
+    schema, factory = _scaled_schema(root)
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Scaled", "--factory", factory, "--name", "scaled",
+        "--output-size", "total=1", "-o", str(out),
     )  # fmt: skip
     assert status == 0, stderr
     base = ["triton", str(GNN), "--model", "EdgeClassifier", "--factory", FACTORY, *GNN_SIZES]
@@ -932,3 +938,41 @@ def test_remote_binding_calls_a_python_backend_repository(
         remote(collection, out=collection)
     assert collection.out.dtype == torch.bfloat16
     assert torch.equal(collection.out, torch.stack([collection.x, collection.y], 1).sum(1))
+
+
+def test_remote_binding_sends_a_block_of_scalars_once_per_event(
+    triton_server: _Addresses, tmp_path: Path
+) -> None:
+    """The Python backend takes a scalar input as one value per event (1 on the element axis): the
+    client sends that value, not n copies of it, and the results equal local execution."""
+    import torch
+
+    from soagen.runtime.errors import BindingError
+    from soagen.serving.server import load_binding
+
+    schema, factory = _scaled_schema(tmp_path)  # the schema `scaled` was written for
+    loaded = load_binding(schema, "Scaled")
+    hits_class, summary_class = loaded.layouts["Hits"], loaded.layouts["Summary"]
+    namespace: dict[str, Any] = {}
+    exec(SCALED_FACTORY, namespace)
+    local = loaded.binding(namespace["build"]())
+    with loaded.binding.remote(triton_server.grpc, model_name="scaled", timeout=30) as remote:
+        for n, scale in ((5, 2.0), (1, -0.5), (1000, 3.25)):
+            hits = hits_class.allocate(n, zero=True)
+            generator = torch.Generator().manual_seed(n)
+            hits.x.copy_(torch.randn(n, generator=generator))
+            hits.y.copy_(torch.randn(n, generator=generator))
+            hits.scale.fill_(scale)
+            expected = hits_class.allocate(n, zero=True)
+            expected.buffer.copy_(hits.buffer)
+            expected_total = summary_class.allocate(1, zero=True)
+            local(expected, out=(expected, expected_total))
+            total = summary_class.allocate(1, zero=True)
+            remote(hits, out=(hits, total))
+            assert torch.equal(hits.result, expected.result), n
+            assert torch.equal(total.total, expected_total.total), n
+        assert remote.stats.calls == 3
+        # x and y (8 bytes per element) and one 4-byte scale per event.
+        assert remote.stats.bytes_copied == sum(8 * n + 4 for n in (5, 1, 1000))
+        with pytest.raises(BindingError, match="Hits has no elements, so its scalars"):
+            remote(hits_class.allocate(0), out=(hits_class.allocate(0), total))

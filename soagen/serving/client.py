@@ -677,7 +677,10 @@ def _served(
         )
     dims = tuple(int(size) for size in entry.get("dims", []))
     datatype = str(entry.get("data_type", "")).removeprefix("TYPE_")
-    for candidate in (wire, declared_order(wire)):
+    candidates = [wire, declared_order(wire)]
+    if wire.scalars and wire.direction == "input":
+        candidates.append(wire.one_value())  # `soagen triton`'s Python backend: once per event
+    for candidate in candidates:
         if candidate.dims == dims and candidate.datatype == datatype:
             return replace(candidate, batched=batched)
     raise RemoteConfigurationError(
@@ -689,10 +692,21 @@ def _served(
 
 def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> _Source:
     """The block in wire order, without a copy: NumPy for host memory (read-only collections too),
-    torch for a device."""
+    torch for a device. A block of scalars the server takes once per event: its one value."""
     if collection.device.type == "cpu":
-        return collection.numpy(block).transpose(wire.order)
-    return collection.block(block).permute(wire.order)
+        source: _Source = collection.numpy(block).transpose(wire.order)
+    else:
+        source = collection.block(block).permute(wire.order)
+    if not wire.is_one_value:
+        return source
+    if not collection.size:
+        raise BindingError(
+            f"input {wire.name!r}: {collection.NAME} has no elements, so its scalars "
+            f"({', '.join(block.members)}) cannot be sent as the one value per event that the "
+            f"served model takes"
+        )
+    axis = typing.cast(int, wire.element_axis)
+    return source[(slice(None),) * axis + (slice(0, 1),)]
 
 
 def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:

@@ -86,6 +86,7 @@ class WireTensor:
     order: tuple[int, ...]
     dims: tuple[int, ...]
     batched: bool = True  # a leading batch axis of 1 (the server batches events)
+    scalars: bool = False  # a block of scalars: one value per collection, stride 0 along n
 
     @property
     def inverse(self) -> tuple[int, ...]:
@@ -109,6 +110,11 @@ class WireTensor:
         """The tensor of a block of scalars sent once per event (`soagen triton`'s Python backend):
         1 on the element axis."""
         return replace(self, dims=tuple(1 if size == -1 else size for size in self.dims))
+
+    @property
+    def is_one_value(self) -> bool:
+        """Whether this tensor carries a block of scalars once per event (`one_value`)."""
+        return self.scalars and -1 not in self.dims and "n" in self.axes
 
     def shape_text(self, batch: str = "1") -> str:
         """`[1, 4, n]`: the shape of the tensor a request carries, batch axis first."""
@@ -177,6 +183,7 @@ def _wire_tensor(
 
     order = tuple(sorted(range(len(axes)), key=sort_key))
     dims = tuple(-1 if axes[axis] == "n" else shape[axis] for axis in order)
+    scalars = "n" in axes and strides[axes.index("n")] == 0
     return WireTensor(
         name=name,
         direction=direction,
@@ -187,6 +194,7 @@ def _wire_tensor(
         axes=axes,
         order=order,
         dims=dims,
+        scalars=scalars,
     )
 
 
