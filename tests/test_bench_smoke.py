@@ -53,7 +53,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         assert "soagen call, null model" in report["overhead"]["cpu"][model]["1000"]
         assert "soagen eager" in report["small_calls"][model]
         assert isinstance(report["memory"][model], dict), report["memory"][model]
-    assert "soagen eager contiguous node" in cpu["gnn"]["1000"]
+    assert "soagen torchscript contiguous edge" in cpu["gnn"]["1000"]
     assert (tmp_path / "overhead.png").stat().st_size > 0
     assert set(report["generation"]) == {"mlp.soa", "gnn.soa"}
     assert "| soagen torchscript |" in result.stdout
