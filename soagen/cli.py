@@ -88,6 +88,16 @@ def add_factory_argument(parser: argparse._ActionsContainer, *, required: bool =
     )
 
 
+def add_columnwise_argument(parser: argparse.ArgumentParser, *, when: str = "") -> None:
+    parser.add_argument(
+        "--columnwise",
+        action="store_true",
+        help=f"{when}compute narrow nn.Linear layers (at most 8 inputs or 4 outputs) column by "
+        "column across elements, so that they fuse into one vectorized loop (narrow MLPs: ~3x "
+        "faster)",
+    )
+
+
 def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default: str) -> None:
     """`--index INDEX=BOUND` (repeatable); `checked`: when the indices are checked, if they are."""
     parser.add_argument(
@@ -226,12 +236,7 @@ def _parser() -> argparse.ArgumentParser:
     add_index_argument(
         compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
     )
-    compile_.add_argument(
-        "--columnwise",
-        action="store_true",
-        help="compute narrow nn.Linear layers (at most 8 inputs or 4 outputs) column by column "
-        "across elements, so that they fuse into one vectorized loop (narrow MLPs: ~3x faster)",
-    )
+    add_columnwise_argument(compile_)
 
     from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
 

@@ -324,3 +324,18 @@ def test_contiguous_inputs_are_row_major_copies(mlp_module) -> None:  # type: ig
         torch.testing.assert_close(scores.b, points.y * 2)
     with pytest.raises(BindingError, match="contiguous: Mlp has no input 'scores'"):
         mlp_module.Mlp(Spy(), contiguous=["scores"])
+
+
+def test_close_releases_the_placed_model_and_a_later_call_places_it_again(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    points, scores = _points(mlp_module, 33), mlp_module.Scores.allocate(33)
+    compiled = mlp_module.Mlp(Linear32(), backend="compile")
+    with compiled as model:
+        assert model is compiled
+        model(points, out=scores)
+        first = scores.a.clone()
+        assert model._backend.devices == (torch.device("cpu"),)
+    assert compiled._backend.devices == ()  # the compiled module is dropped
+    scores.a.zero_()
+    compiled(points, out=scores)  # compiled again at this call
+    assert compiled._backend.devices == (torch.device("cpu"),)
+    assert torch.equal(scores.a, first)

@@ -359,6 +359,8 @@ def test_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> Non
         ([*GNN_SIZES, "--output-size", "edge_scores=edge_index"], "gives 'edge_scores' twice"),
         ([*GNN_SIZES, "--index", "edge_index"], "--index takes NAME=VALUE"),
         ([*GNN_SIZES, "--gpus", "0"], "--gpus needs --device gpu"),
+        ([*GNN_SIZES, "--columnwise"], "--columnwise rewrites the model before"),
+        ([*GNN_SIZES, "--runtime", "torchscript", "--columnwise"], "it needs --runtime aot"),
         (["--model", "Nope"], "has no model 'Nope'; its models are EdgeClassifier"),
     ],
 )
@@ -686,6 +688,73 @@ def test_python_model_with_scalars_in_place_outputs_and_counts(tmp_path: Path) -
     scaled = points.sum(1) * 2
     torch.testing.assert_close(torch.as_tensor(response.tensors["scaled"]), scaled[None])
     torch.testing.assert_close(torch.as_tensor(response.tensors["total"]), scaled.sum()[None, None])
+
+
+# A narrow MLP for `--runtime aot --columnwise`: both layers are rewritten column by column.
+NARROW = """\
+layout Hits {
+    column float32 x, y
+    column float32 score
+}
+
+model Score {
+    input  xy    = Hits{x, y} as [n, c]
+    output score = Hits{score}
+}
+"""
+NARROW_FACTORY = """\
+import torch
+
+
+class Score(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mix = torch.nn.Linear(2, 3)
+        self.out = torch.nn.Linear(3, 1)
+
+    def forward(self, xy):
+        return self.out(torch.relu(self.mix(xy))).squeeze(1)
+
+
+def build():
+    return Score().eval()
+"""
+
+
+def test_python_model_runs_an_aot_package_compiled_columnwise(tmp_path: Path) -> None:
+    """`--runtime aot --factory F --columnwise`: soagen compile rewrites the narrow layers, the
+    package says so, and the repository's model.py runs it with the eager model's results."""
+    torch = pytest.importorskip("torch")
+    from soagen.runtime.aot import AotBackend
+    from soagen.serving.server import load_binding
+
+    schema, factory = _schema_files(tmp_path, "narrow", NARROW, NARROW_FACTORY)
+    out = tmp_path / "repo"
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Score", "--factory", factory, "--runtime", "aot",
+        "--columnwise", "-o", str(out),
+    )  # fmt: skip
+    assert status == 0, stderr
+    assert "columnwise: mix, out (2 of 2 nn.Linear layers)" in stderr
+    binding = load_binding(schema, "Score").binding
+    assert AotBackend(out / "Score" / "1" / "model.pt2", binding).metadata["columnwise"] == [
+        "mix",
+        "out",
+    ]
+    namespace: dict[str, Any] = {}
+    exec(NARROW_FACTORY, namespace)
+    eager = namespace["build"]()
+    with _triton_model(out / "Score") as model:
+        for n in (1, 2, 37, 1000):
+            xy = torch.randn(n, 2, generator=torch.Generator().manual_seed(n))
+            request = {"xy": _Tensor("xy", xy.T.contiguous()[None].numpy())}  # [1, c, n]
+            (response,) = model.execute([request])
+            assert response.error is None, response.error
+            with torch.no_grad():
+                expected = eager(xy)
+            got = torch.as_tensor(response.tensors["score"])
+            torch.testing.assert_close(got, expected[None], rtol=1e-5, atol=1e-6)
 
 
 # A bfloat16 model: NumPy has no bfloat16, so its blocks travel as their bits (UINT16).

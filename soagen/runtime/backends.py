@@ -69,8 +69,14 @@ class Backend(abc.ABC):
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
-        """The devices this backend has been placed on so far."""
+        """The devices this backend is placed on (built at a call there, not released since)."""
         return tuple(self._runners)
+
+    def release(self) -> None:
+        """Drop every device's runner; a call in flight keeps its own until it returns, and the
+        next call on a device builds one again."""
+        with self._lock:
+            self._runners.clear()
 
     @abc.abstractmethod
     def place(self, device: torch.device) -> Runner:

@@ -162,6 +162,18 @@ class ModelBinding:
     def backend(self) -> str:
         return self._backend.kind
 
+    def close(self) -> None:
+        """Release what the model holds on the devices it ran on (its copies there, loaded
+        packages, compiled code); a later call places it again. A remote binding closes its
+        connection for good. `with Model(...) as model:` closes it at the end of the block."""
+        self._backend.release()
+
+    def __enter__(self: _M) -> _M:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     @classmethod
     def binding(cls, name: str) -> BindingSpec:
         for spec in (*cls.INPUTS, *cls.OUTPUTS):

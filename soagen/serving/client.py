@@ -269,12 +269,6 @@ class RemoteBinding(ModelBinding):
     def __repr__(self) -> str:
         return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
 
-    def __enter__(self: _M) -> _M:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
     def close(self) -> None:
         """Unregister and remove the shared-memory regions and close the connection."""
         if self._closed:

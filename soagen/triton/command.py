@@ -16,6 +16,7 @@ from soagen.cli import (
     UsageError,
     _Output,
     _schema_paths,
+    add_columnwise_argument,
     add_factory_argument,
     add_index_argument,
     add_model_arguments,
@@ -61,6 +62,7 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
         help="what the Python backend runs (default: the --package's kind, else eager)",
     )
     add_factory_argument(triton)
+    add_columnwise_argument(triton, when="--runtime aot with --factory: ")
     triton.add_argument(
         "--package",
         type=path_argument,
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             backend=args.backend,
             runtime=args.runtime,
             factory=args.factory,
+            columnwise=args.columnwise,
             package=Path(args.package) if args.package is not None else None,
             name=args.name,
             version=args.version,

@@ -76,6 +76,7 @@ class Request:
     backend: str = "python"
     runtime: str | None = None  # python backend: None follows --package, else eager
     factory: str | None = None  # FILE.py:FUNCTION
+    columnwise: bool = False  # runtime aot from a factory: `soagen compile --columnwise`
     package: Path | None = None  # a .pt2 (soagen compile) or .pt (TorchScript) file
     name: str | None = None
     version: int = 1
@@ -106,6 +107,12 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
     schema_path = request.schema.as_posix()
     model = find_model(schema, request.model, schema_path)
     runtime = _runtime(request)
+    if request.columnwise and (runtime != "aot" or request.factory is None):
+        raise TritonError(
+            "--columnwise rewrites the model before `soagen compile` builds it: it needs "
+            "--runtime aot and --factory",
+            usage=True,
+        )
     if request.naming == "forward" and request.package is not None and runtime == "aot":
         raise TritonError(
             "--naming forward needs the forward's argument names, which a .pt2 package does "
@@ -331,6 +338,7 @@ def _from_factory(
                 output=version / "model.pt2",
                 device=device,
                 index_bounds=bounds,
+                columnwise=request.columnwise,
                 progress=report,
             )
         except CompileError as error:
