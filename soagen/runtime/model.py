@@ -65,8 +65,8 @@ class ModelBinding:
         in `[0, n)` before each call, because an out-of-range index inside compiled kernels reads
         or writes out of bounds instead of raising. `.pt2` packages bring the bounds they were
         compiled with. `contiguous` names inputs to hand over as one device-local contiguous copy
-        per call instead of the strided view: for models that gather rows (`x[index]`) of a wide
-        `[n, c]` block, where row-major data can be faster than the copy costs.
+        per call instead of the strided view: for models whose own operations on the column-major
+        `[n, c]` view (a `torch.cat` with row-major tensors, row gathers) cost more than the copy.
         """
         from soagen.runtime.backends import load_backend
 
