@@ -498,6 +498,24 @@ def test_the_queued_index_check_refuses_exactly_the_out_of_range_values(dtype: t
         _queue_index_check(wrapped, 10, "out of range")
 
 
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.int8, 300), (torch.int16, 70_000)])
+def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
+    dtype: torch.dtype, bound: int
+) -> None:
+    # Seen as unsigned, -1 of an int8 is 255: below a bound of 300. Both passes run there.
+    from soagen.runtime.model import _check_index_range
+
+    class Binding:
+        NAME = "Check"
+
+    for count in (10, 100):  # through Python lists, and through NumPy
+        indices = torch.arange(count).to(dtype)
+        _check_index_range(Binding, "index", indices, "points", bound)  # type: ignore[arg-type]
+        indices[7] = -1
+        with pytest.raises(IndexRangeError, match=r"\(values -1\.\."):
+            _check_index_range(Binding, "index", indices, "points", bound)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "dtype",
     [torch.int8, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64],

@@ -326,16 +326,20 @@ def test_contiguous_inputs_are_row_major_copies(mlp_module) -> None:  # type: ig
         mlp_module.Mlp(Spy(), contiguous=["scores"])
 
 
-def test_close_releases_the_placed_model_and_a_later_call_places_it_again(mlp_module) -> None:  # type: ignore[no-untyped-def]
+def test_close_releases_the_placed_model_and_a_later_call_places_it_again(  # type: ignore[no-untyped-def]
+    mlp_module, tmp_path: Path
+) -> None:
     points, scores = _points(mlp_module, 33), mlp_module.Scores.allocate(33)
-    compiled = mlp_module.Mlp(Linear32(), backend="compile")
-    with compiled as model:
-        assert model is compiled
+    path = tmp_path / "linear.pt"
+    torch.jit.save(torch.jit.script(Linear32()), str(path))
+    loaded = mlp_module.Mlp.load(path)
+    with loaded as model:
+        assert model is loaded
         model(points, out=scores)
         first = scores.a.clone()
-        assert model._backend.devices == (torch.device("cpu"),)
-    assert compiled._backend.devices == ()  # the compiled module is dropped
+        placed = model._backend.on(torch.device("cpu"))  # the module loaded for the CPU
+    assert loaded._backend.devices == ()
     scores.a.zero_()
-    compiled(points, out=scores)  # compiled again at this call
-    assert compiled._backend.devices == (torch.device("cpu"),)
+    loaded(points, out=scores)  # loaded again from the file at this call
+    assert loaded._backend.on(torch.device("cpu")) is not placed
     assert torch.equal(scores.a, first)

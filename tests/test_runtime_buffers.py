@@ -458,6 +458,9 @@ def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
         assert copy.data_ptr() != storage.data_ptr()
         copy.zero_()
         assert torch.equal(view, storage.as_strided((n, columns), (1, pitch)))
+    # A one-column result seen as [1, n] is contiguous already: no copy.
+    single = torch.arange(5000, dtype=torch.float32).reshape(5000, 1).t()
+    assert contiguous_copy(single).data_ptr() == single.data_ptr()
     # A row-major [n, c] seen as [c, n] (what `soagen serve` sends) and tensors of other ranks.
     for other in (copy.t(), storage[:n], storage[: 4 * 5 * 6].reshape(4, 5, 6).transpose(0, 2)):
         assert torch.equal(contiguous_copy(other), other.contiguous())

@@ -682,12 +682,18 @@ def test_python_model_with_scalars_in_place_outputs_and_counts(tmp_path: Path) -
         "points": _Tensor("points", points.T.contiguous()[None].numpy()),  # [1, c, n]
         "scale": _Tensor("scale", torch.tensor([[2.0]]).numpy()),  # one value per event
     }
+    no_points = {  # an event with no hits still has its scale
+        "points": _Tensor("points", torch.zeros(1, 2, 0).numpy()),
+        "scale": _Tensor("scale", torch.tensor([[2.0]]).numpy()),
+    }
     with _triton_model(out / "Scaled") as model:
-        (response,) = model.execute([request])
+        (response, empty) = model.execute([request, no_points])
     assert response.error is None
     scaled = points.sum(1) * 2
     torch.testing.assert_close(torch.as_tensor(response.tensors["scaled"]), scaled[None])
     torch.testing.assert_close(torch.as_tensor(response.tensors["total"]), scaled.sum()[None, None])
+    assert empty.error is None, empty.error.message
+    assert empty.tensors["scaled"].shape == (1, 0) and empty.tensors["total"].tolist() == [[0.0]]
 
 
 # A narrow MLP for `--runtime aot --columnwise`: both layers are rewritten column by column.
@@ -1016,7 +1022,6 @@ def test_remote_binding_sends_a_block_of_scalars_once_per_event(
     client sends that value, not n copies of it, and the results equal local execution."""
     import torch
 
-    from soagen.runtime.errors import BindingError
     from soagen.serving.server import load_binding
 
     schema, factory = _scaled_schema(tmp_path)  # the schema `scaled` was written for
@@ -1043,5 +1048,41 @@ def test_remote_binding_sends_a_block_of_scalars_once_per_event(
         assert remote.stats.calls == 3
         # x and y (8 bytes per element) and one 4-byte scale per event.
         assert remote.stats.bytes_copied == sum(8 * n + 4 for n in (5, 1, 1000))
-        with pytest.raises(BindingError, match="Hits has no elements, so its scalars"):
-            remote(hits_class.allocate(0), out=(hits_class.allocate(0), total))
+        # No hits: the scale still travels (a scalar exists whatever n is), and the total is 0.
+        empty, total = hits_class.allocate(0), summary_class.allocate(1)
+        empty.scale.fill_(1.5)
+        total.total.fill_(7.0)
+        remote(empty, out=(empty, total))
+        assert total.total.tolist() == [0.0]
+
+
+def test_the_client_takes_a_served_block_of_scalars_once_per_event(tmp_path: Path) -> None:
+    """Without a server: the client matches a Python-backend repository's one-value tensor and
+    reads the scalar through a view of one element, also from a collection of none."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    from soagen.serving.client import _served, _wire_source
+    from soagen.serving.errors import RemoteConfigurationError
+    from soagen.serving.server import load_binding
+    from soagen.serving.wire import wire_tensors
+
+    schema, _ = _scaled_schema(tmp_path)
+    loaded = load_binding(schema, "Scaled")
+    points, scale = wire_tensors(loaded.binding.INPUTS)
+    assert scale.scalars and not points.scalars and scale.dims == (-1,)
+    served = {"scale": {"dims": ["1"], "data_type": "TYPE_FP32"}}
+    one = _served("Scaled", "url", scale, served, batched=True)
+    assert one.dims == (1,) and one.is_one_value and not scale.is_one_value
+    wrong = {"points": {"dims": ["2", "1"], "data_type": "TYPE_FP32"}}  # columns: never once
+    with pytest.raises(RemoteConfigurationError, match="declares 'points' as FP32"):
+        _served("Scaled", "url", points, wrong, batched=True)
+    for n in (0, 1, 6):
+        hits = loaded.layouts["Hits"].allocate(n, zero=True)
+        hits.scale.fill_(2.5)
+        block = loaded.binding.INPUTS[1].block
+        assert _wire_source(hits, block, scale).shape == (n,)  # soagen serve's: n values
+        value = _wire_source(hits, block, one)
+        assert value.shape == (1,) and value.tolist() == [2.5] and not value.flags.writeable
+        if torch.cuda.is_available():
+            on_gpu = _wire_source(hits.to("cuda"), block, one)
+            assert on_gpu.shape == (1,) and on_gpu.tolist() == [2.5]

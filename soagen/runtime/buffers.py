@@ -157,6 +157,7 @@ def contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
     """
     if (
         tensor.dim() == 2
+        and not tensor.is_contiguous()  # a [1, n] is both: nothing to copy
         and tensor.stride(0) == 1
         and tensor.stride(1) == tensor.size(0)
         and tensor.size(1) > 1

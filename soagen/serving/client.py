@@ -270,10 +270,13 @@ class RemoteBinding(ModelBinding):
         return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
 
     def close(self) -> None:
-        """Unregister and remove the shared-memory regions and close the connection."""
+        """Unregister and remove the shared-memory regions, close the connection, and close the
+        local fallback (its placed runners)."""
         if self._closed:
             return
         self._closed = True
+        if self.fallback is not None:
+            self.fallback.close()
         regions = [region.name for region in self._pool.all if region.registered_in >= 0]
         for name in regions:
             try:
@@ -545,7 +548,7 @@ class RemoteBinding(ModelBinding):
                 wire.name, [1, *shape] if wire.batched else shape, wire.datatype
             )
             nbytes = _nbytes(source.shape, wire)
-            if region is not None:
+            if region is not None and nbytes:  # Triton takes no empty shared-memory span
                 _copy_into(region.memory, offset, source, wire)
                 entry.set_shared_memory(region.name, nbytes, offset)
                 offset += _aligned(nbytes)
@@ -561,9 +564,12 @@ class RemoteBinding(ModelBinding):
             entry = grpc.InferRequestedOutput(wire.name)
             if request.output_offsets is not None and region is not None:
                 nbytes = _nbytes(target.shape, wire)
-                entry.set_shared_memory(region.name, nbytes, offset)
-                request.output_offsets.append(offset)
-                offset += _aligned(nbytes)
+                if nbytes:
+                    entry.set_shared_memory(region.name, nbytes, offset)
+                    request.output_offsets.append(offset)
+                    offset += _aligned(nbytes)
+                else:
+                    request.output_offsets.append(None)
             request.outputs.append(entry)
         if self._error_output:
             request.outputs.append(grpc.InferRequestedOutput(ERROR_OUTPUT))  # a few bytes, by gRPC
@@ -607,9 +613,9 @@ class RemoteBinding(ModelBinding):
                 )
             dtype = np.dtype(wire.numpy_dtype)
             array: NDArray[typing.Any] | None
-            if request.output_offsets is not None and request.region is not None:
+            offset = None if request.output_offsets is None else request.output_offsets[position]
+            if offset is not None and request.region is not None:
                 buffer = request.region.memory.buf
-                offset = request.output_offsets[position]
                 array = np.ndarray(expected, dtype=dtype, buffer=buffer, offset=offset)
             else:
                 try:
@@ -655,7 +661,9 @@ _Source: typing.TypeAlias = "NDArray[typing.Any] | torch.Tensor"
 class _Request:
     inputs: list[typing.Any]
     outputs: list[typing.Any]
-    output_offsets: list[int] | None  # where each output lies in the region; None: in the response
+    # Where each output lies in the region (None: in the response, as an empty one always is);
+    # None for all: no region.
+    output_offsets: list[int | None] | None
     region: _Region | None = None
 
 
@@ -687,20 +695,23 @@ def _served(
 def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> _Source:
     """The block in wire order, without a copy: NumPy for host memory (read-only collections too),
     torch for a device. A block of scalars the server takes once per event: its one value."""
+    import numpy as np
+
     if collection.device.type == "cpu":
         source: _Source = collection.numpy(block).transpose(wire.order)
     else:
         source = collection.block(block).permute(wire.order)
     if not wire.is_one_value:
         return source
-    if not collection.size:
-        raise BindingError(
-            f"input {wire.name!r}: {collection.NAME} has no elements, so its scalars "
-            f"({', '.join(block.members)}) cannot be sent as the one value per event that the "
-            f"served model takes"
+    # Stride 0 along n: one element there reads the scalars, even in a collection of none.
+    shape = list(source.shape)
+    shape[typing.cast(int, wire.element_axis)] = 1
+    if isinstance(source, np.ndarray):
+        one: _Source = np.lib.stride_tricks.as_strided(
+            source, shape, source.strides, writeable=False
         )
-    axis = typing.cast(int, wire.element_axis)
-    return source[(slice(None),) * axis + (slice(0, 1),)]
+        return one
+    return source.as_strided(shape, source.stride())
 
 
 def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:

@@ -151,9 +151,11 @@ class EventLoader:
                 part = whole if (start, n) == (0, whole.size) else whole.slice(start, start + n)
                 target = part.block(item.spec.block)
                 source = event.tensors[item.spec.name]
-                if item.scalar:  # stride 0 along n: write the one value
+                if item.scalar:  # stride 0 along n: write the one value, even for n = 0
                     axis = typing.cast(int, item.n_axis)
-                    target, source = target.select(axis, 0), source.select(axis, 0)
+                    one = [*target.shape[:axis], 1, *target.shape[axis + 1 :]]
+                    target = target.as_strided(one, target.stride()).select(axis, 0)
+                    source = source.select(axis, 0)
                 target.copy_(source)
                 bound = self.index_bounds.get(item.spec.name)
                 if bound is not None and placed[self.layout_of[bound]]:
