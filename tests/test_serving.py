@@ -518,6 +518,44 @@ def test_close_unregisters_and_removes_shared_memory(server: Served) -> None:
 
 
 @needs_triton
+def test_close_waits_for_the_calls_in_flight(server: Served, local: EdgeClassifier) -> None:
+    # A large event takes the server a few hundred ms: close() comes while it is in flight and
+    # returns after it, whose result is whole; before, close() tore its region down under it.
+    nodes, edges = _event(100_000, 1_000_000, 9)
+    expected = EdgeScores.allocate(1_000_000, zero=True)
+    local(nodes, edges, out=expected)
+    out = EdgeScores.allocate(1_000_000, zero=True)
+    remote = EdgeClassifier.remote(
+        server.url, shared_memory=True, access_token=server.token, timeout=60
+    )
+    finished: list[float] = []
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            remote(nodes, edges, out=out)
+        except BaseException as error:  # reported below
+            failures.append(error)
+        finished.append(time.monotonic())
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while remote.stats.attempts == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the request is on its way
+    assert remote.stats.attempts == 1 and not finished
+    remote.close()
+    closed = time.monotonic()
+    worker.join()
+    assert not failures, failures
+    assert finished[0] <= closed
+    assert torch.equal(out.score, expected.score)
+    assert not list(Path("/dev/shm").glob(f"{remote._pool.prefix}*"))
+    with pytest.raises(RemoteConfigurationError, match="closed"):
+        remote(nodes, edges, out=out)
+
+
+@needs_triton
 def test_unreachable_server_raises_or_falls_back(local: EdgeClassifier) -> None:
     (port,) = free_ports(1)
     url = f"127.0.0.1:{port}"

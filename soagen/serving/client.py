@@ -259,6 +259,8 @@ class RemoteBinding(ModelBinding):
         )
         self._pool = _RegionPool()
         self._closed = False
+        self._in_flight = 0  # calls between their start and their return, for close()
+        self._idle = threading.Condition()
         self._finalizer = weakref.finalize(self, _close_quietly, self._client, self._pool)
 
     @property
@@ -270,11 +272,16 @@ class RemoteBinding(ModelBinding):
         return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
 
     def close(self) -> None:
-        """Unregister and remove the shared-memory regions, close the connection, and close the
-        local fallback (its placed runners)."""
-        if self._closed:
-            return
-        self._closed = True
+        """Wait for the calls in flight (from other threads), then unregister and remove the
+        shared-memory regions, close the connection, and close the local fallback (its placed
+        runners). Later calls raise `RemoteConfigurationError`."""
+        with self._idle:
+            if self._closed:
+                return
+            self._closed = True  # no call starts from here on
+            # Calls in flight keep their region and the connection until they return (each is
+            # bounded by its timeout and retries).
+            self._idle.wait_for(lambda: self._in_flight == 0)
         if self.fallback is not None:
             self.fallback.close()
         regions = [region.name for region in self._pool.all if region.registered_in >= 0]
@@ -313,10 +320,29 @@ class RemoteBinding(ModelBinding):
         targets: Sequence[torch.Tensor],
     ) -> None:
         cls = type(self)
-        if self._closed:
-            raise RemoteConfigurationError(
-                f"{cls.NAME}: this remote binding to {self.url} is closed"
-            )
+        with self._idle:
+            if self._closed:
+                raise RemoteConfigurationError(
+                    f"{cls.NAME}: this remote binding to {self.url} is closed"
+                )
+            self._in_flight += 1
+        try:
+            self._execute_open(inputs, outputs, device, targets)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
+
+    def _execute_open(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+        targets: Sequence[torch.Tensor],
+    ) -> None:
+        """One call, counted in flight by `_execute`: send, check, write (or run the fallback)."""
+        cls = type(self)
         self.stats.add(calls=1)
         if self.index_bounds:
             self._check_index_ranges(
