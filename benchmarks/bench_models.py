@@ -2,7 +2,8 @@
 
 Paths, each checked against the reference output (`torch.testing.assert_close`) before it is timed:
 - `soagen <backend>`: bind zero-copy views, run, write the outputs back (eager, torchscript, compile,
-  aot, and `aot columnwise`, built with `soagen compile --columnwise`; `contiguous edge`: the
+  aot, `aot columnwise`, built with `soagen compile --columnwise`, and `aot columnwise write`, also
+  with `--write-outputs`, whose package stores into the output blocks; `contiguous edge`: the
   binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`). GNN
   bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
@@ -71,8 +72,13 @@ MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
 MLP_FACTORY = f"{REPO / 'benchmarks' / 'models.py'}:build_mlp"
 GNN_FACTORY = f"{REPO / 'examples' / 'gnn_model.py'}:build_model"
-# `aot-columnwise`: the AOT package built with `soagen compile --columnwise`.
-BACKENDS = ("eager", "torchscript", "compile", "aot", "aot-columnwise")
+# The AOT backends, each with the `soagen compile` options its package is built with.
+AOT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "aot": (),
+    "aot-columnwise": ("columnwise",),
+    "aot-columnwise-write": ("columnwise", "write_outputs"),
+}
+BACKENDS = ("eager", "torchscript", "compile", *AOT_OPTIONS)
 RTOL, ATOL = 1e-4, 1e-5
 
 # One call of a path: returns its output, or None when it wrote into the case's output columns
@@ -141,10 +147,10 @@ def has_aot_compiler() -> bool:
 
 
 def aot_package(
-    schema: Path, model: str, factory: str, cache: Path, device: str, columnwise: bool = False
+    schema: Path, model: str, factory: str, cache: Path, device: str, options: tuple[str, ...] = ()
 ) -> Path:
     """A `soagen compile` package, built once per schema, model file, device, torch version and
-    `--columnwise`."""
+    options (`compile_model`'s flags: "columnwise", "write_outputs")."""
     from soagen.compile import compile_model
 
     factory_file = Path(factory.rsplit(":", 1)[0])
@@ -157,16 +163,24 @@ def aot_package(
                 device,
                 torch.__version__,
                 platform.machine(),
-                str(columnwise),
+                *options,
             )
         ).encode()
     ).hexdigest()[:12]
-    variant = "-columnwise" if columnwise else ""
+    variant = "".join(f"-{option.replace('_', '-')}" for option in options)
     path = cache / f"{model}-{device}{variant}-{key}.pt2"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         log(f"compiling {model} for {device} ahead of time (once, cached in {cache}) ...")
-        compile_model(schema, model, factory, output=path, device=device, columnwise=columnwise)
+        compile_model(
+            schema,
+            model,
+            factory,
+            output=path,
+            device=device,
+            columnwise="columnwise" in options,
+            write_outputs="write_outputs" in options,
+        )
     return path
 
 
@@ -242,7 +256,7 @@ def soagen_model(
 
 def package_key(model: str, device: str, backend: str) -> str:
     """The key of an AOT backend's package in `Tools.packages` ("mlp cpu", "gnn cuda columnwise")."""
-    return f"{model} {device}" + (" columnwise" if backend == "aot-columnwise" else "")
+    return " ".join((model, device, *AOT_OPTIONS.get(backend, ())))
 
 
 def path_name(backend: str) -> str:
@@ -1126,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
                     factory,
                     args.out / "packages",
                     device,
-                    columnwise=backend == "aot-columnwise",
+                    AOT_OPTIONS[backend],
                 )
     if not args.no_onnx:
         log("exporting both models to ONNX ...")

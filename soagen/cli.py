@@ -237,6 +237,12 @@ def _parser() -> argparse.ArgumentParser:
         compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
     )
     add_columnwise_argument(compile_)
+    compile_.add_argument(
+        "--write-outputs",
+        action="store_true",
+        help="the package stores its results straight into the output blocks it is given (no "
+        "result tensors, no write-back copy); soagen serve cannot run such packages",
+    )
 
     from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
 
@@ -569,6 +575,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             device=args.device,
             index_bounds=parse_index_bounds(args.index) if args.index else None,
             columnwise=args.columnwise,
+            write_outputs=args.write_outputs,
             progress=progress,
         )
     except CompileError as error:

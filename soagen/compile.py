@@ -16,6 +16,9 @@ The package runs on collections' block views as they are, for any element count,
   whose pitches differ from n whenever they can (itemsize below the alignment A).
 - `backed_size_oblivious` lets the element counts range over 0 and 1 instead of specializing them,
   so n = 1 runs; n = 0 never reaches the model (the runtime skips empty outputs).
+- With `write_outputs`, the exported `forward(*inputs, *outputs)` copies each result into its output
+  block view (example views sliced from larger collections, so their pitches are their own); export
+  keeps the mutation, and Inductor stores the last values straight into the output columns.
 
 The package records soagen's metadata (`soagen.runtime.aot`), is loaded once more after compiling
 and checked against the eager model at several sizes, then moved into place.
@@ -36,6 +39,7 @@ import typing
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -95,6 +99,7 @@ def compile_model(
     device: str = "cpu",
     index_bounds: Mapping[str, str] | None = None,
     columnwise: bool = False,
+    write_outputs: bool = False,
     progress: Progress | None = None,
 ) -> Path:
     """Build `factory()` ("path/to/file.py:function"), export it for binding `model_name` of the
@@ -104,7 +109,10 @@ def compile_model(
     factory module's `INDEX_BOUNDS`, if it has one. `columnwise` computes the model's narrow
     `nn.Linear` layers column by column across elements (`soagen.runtime.columnwise`), so that
     Inductor fuses them into one loop; the package is still checked against the model as written.
-    Raises `SchemaError` for schema errors and
+    `write_outputs` exports `forward(*inputs, *outputs)` copying each result into its output
+    block inside the graph, so Inductor stores the last values straight into the output columns:
+    no result tensors, no write-back copy (`soagen serve`, which has no output blocks, refuses such
+    packages). Raises `SchemaError` for schema errors and
     `CompileError` for everything else. Prints nothing: `progress` receives one line per stage.
     """
     target = Path(output)
@@ -117,11 +125,27 @@ def compile_model(
             binding, layouts = _generated_binding(Path(schema_path), model_name, Path(workdir))
         try:
             _build_package(
-                binding, layouts, factory, torch_device, index_bounds, columnwise, target, stages
+                binding,
+                layouts,
+                factory,
+                torch_device,
+                index_bounds,
+                _Variant(columnwise, write_outputs),
+                target,
+                stages,
             )
         finally:
             _forget_modules(binding)
     return target
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """How the package computes: `columnwise` rewrites narrow layers; `write_outputs` stores the
+    results into the output blocks it is given."""
+
+    columnwise: bool = False
+    write_outputs: bool = False
 
 
 def _build_package(
@@ -130,26 +154,31 @@ def _build_package(
     factory: str,
     device: torch.device,
     index_bounds: Mapping[str, str] | None,
-    columnwise: bool,
+    variant: _Variant,
     target: Path,
     stages: _Stages,
 ) -> None:
     with stages.stage(f"building model ({factory})"):
         model, module = _build_model(factory, device)
         bounds = _index_bounds(binding, index_bounds, module)
-        layers = _columnwise_layers(model, stages) if columnwise else None
+        layers = _columnwise_layers(model, stages) if variant.columnwise else None
     reference = _SchemaOrder(model, binding)
     with stages.stage("exporting with dynamic element counts (torch.export)"):
         sizes = _example_sizes(binding, layouts)
         inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=0)
         _check_eager(binding, reference, inputs)
-        wrapped = reference
+        wrapped: torch.nn.Module = reference
         if layers is not None:
             wrapped = _SchemaOrder(layers[0], binding)
             with torch.no_grad():
                 rewritten, written = wrapped(*inputs), reference(*inputs)
             _check_agreement(binding, "the columnwise model", rewritten, written, sizes)
-        exported = _export(binding, wrapped, inputs)
+        arguments = list(inputs)
+        if variant.write_outputs:
+            with torch.no_grad():
+                arguments += _example_outputs(binding, layouts, reference(*inputs), device)
+            wrapped = _IntoOutputs(wrapped, len(inputs))
+        exported = _export(binding, wrapped, arguments)
     metadata = {
         "format": METADATA_FORMAT,
         "soagen_version": soagen.__version__,
@@ -160,6 +189,7 @@ def _build_package(
         "binding": describe_binding(binding),
         "index_bounds": bounds,
         "columnwise": None if layers is None else layers[1],
+        "writes_outputs": variant.write_outputs,
         "input_geometry": _input_geometry(exported),
         "example_sizes": sizes,
     }
@@ -414,6 +444,43 @@ class _SchemaOrder(torch.nn.Module):
         return tuple(result)
 
 
+class _IntoOutputs(torch.nn.Module):
+    """`forward(*inputs, *outputs)`: the model's results copied into the output views, in the
+    graph (torch.export keeps the mutation; Inductor stores into the views' memory)."""
+
+    def __init__(self, model: torch.nn.Module, input_count: int) -> None:
+        super().__init__()
+        self.model = model
+        self.input_count = input_count
+
+    def forward(self, *views: torch.Tensor) -> tuple[()]:
+        results = self.model(*views[: self.input_count])
+        for view, result in zip(views[self.input_count :], results, strict=True):
+            view.copy_(result)
+        return ()
+
+
+def _example_outputs(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    results: Sequence[torch.Tensor],
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """Output block views for `results` (the eager model's on the example inputs), in slices of
+    larger collections: their pitches differ from every input's and from each other's, so that
+    export gives each pitch a stride symbol of its own (see the module's docstring)."""
+    counts: dict[str, int] = {}
+    for spec, result in zip(binding.OUTPUTS, results, strict=True):
+        counts.setdefault(spec.block.layout, result.shape[spec.block.axes.index("n")])
+    collections = {
+        name: layouts[name]
+        .allocate(n + layouts[name].ALIGNMENT * (4 * _EXAMPLE_MULTIPLE + 2 * i + 1), device)
+        .slice(0, n)
+        for i, (name, n) in enumerate(counts.items())
+    }
+    return [collections[spec.block.layout].block(spec.block) for spec in binding.OUTPUTS]
+
+
 def _check_eager(
     binding: type[ModelBinding], model: _SchemaOrder, inputs: Sequence[torch.Tensor]
 ) -> None:
@@ -461,13 +528,15 @@ def _alias(view: torch.Tensor) -> torch.Tensor:
 
 
 def _export(
-    binding: type[ModelBinding], model: _SchemaOrder, inputs: Sequence[torch.Tensor]
+    binding: type[ModelBinding], model: torch.nn.Module, inputs: Sequence[torch.Tensor]
 ) -> torch.export.ExportedProgram:
+    """Export with the element axis dynamic in every input, and in every output block when
+    `inputs` holds them too (`_IntoOutputs`)."""
     import torch.fx.experimental._config as fx_config
     from torch.export import Dim
 
     dynamic: list[dict[int, typing.Any]] = []
-    for spec in binding.INPUTS:
+    for spec in (*binding.INPUTS, *binding.OUTPUTS)[: len(inputs)]:
         axes = spec.block.axes
         dynamic.append({axes.index("n"): Dim.DYNAMIC} if "n" in axes else {})
     arguments = tuple(_alias(view) for view in inputs)
@@ -480,7 +549,8 @@ def _export(
         first = str(error).strip().splitlines()[:6]
         raise CompileError(
             f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
-            f"({_describe_inputs(binding, inputs)}): {type(error).__name__}: " + "\n".join(first)
+            f"({_describe_inputs(binding, inputs[: len(binding.INPUTS)])}): "
+            f"{type(error).__name__}: " + "\n".join(first)
         ) from error
 
 
@@ -531,7 +601,8 @@ def _verify(
 ) -> None:
     """Load the package as users will and compare it with the eager model at several sizes,
     different per layout, which catches a size or stride the export fixed by mistake."""
-    runner = AotBackend(package, binding).on(device)
+    backend = AotBackend(package, binding)
+    runner = backend.on(device)
     trials = [dict(example_sizes)]
     for base in _CHECK_SIZES:
         trials.append({name: base + 5 * i for i, name in enumerate(example_sizes)})
@@ -542,8 +613,15 @@ def _verify(
                 expected = model(*inputs)
         except Exception:
             continue  # the eager model itself does not take these sizes (n = 1, say)
-        with torch.inference_mode():
-            actual = typing.cast(list[torch.Tensor], runner(inputs))
+        if backend.writes_outputs:
+            actual = _example_outputs(binding, layouts, expected, device)
+            for view in actual:
+                view.fill_(-7)  # so that an output the package does not write shows
+            with torch.inference_mode():
+                runner([*inputs, *actual])
+        else:
+            with torch.inference_mode():
+                actual = typing.cast(list[torch.Tensor], runner(inputs))
         _check_agreement(binding, "the compiled package", actual, expected, sizes)
 
 

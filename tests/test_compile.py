@@ -2,7 +2,8 @@
 
 Two packages are built (AOTInductor takes 10-40 s each): the GNN example through the CLI in a
 subprocess, exactly as a user runs it, and a small track model through `compile_model` with
-`columnwise=True` (its one narrow layer computed column by column), whose inputs cover a [c, n]
+`columnwise=True` (its one narrow layer computed column by column) and `write_outputs=True` (it
+stores its results into the output blocks it is given), whose inputs cover a [c, n]
 block, an array column ([n, 3, 3], strides (1, P, 3P)), a scalar broadcast over n (stride 0), and
 whose two outputs come back as a dict. Everything else (refusals, argument
 errors) needs no compiler.
@@ -156,6 +157,7 @@ def tracks(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, 
         f"{root / 'track_model.py'}:build",
         output=root / "out" / "tracks.pt2",
         columnwise=True,
+        write_outputs=True,
         progress=lines.append,
     )
     assert package == root / "out" / "tracks.pt2" and package.is_file()
@@ -345,12 +347,38 @@ def test_track_package_matches_eager(tracks: tuple[ModuleType, Path, Path]) -> N
         torch.testing.assert_close(got.block("features"), want.block("features"))
         torch.testing.assert_close(got.q, want.q)
         assert got.q.abs().max() <= 1
+        # Into a slice of a larger collection: the outputs' pitch is not n's.
+        larger = module.TrackOut.allocate(n + 100, zero=True)
+        compiled(tracks_in, out=larger.slice(50, 50 + n))
+        torch.testing.assert_close(larger.slice(50, 50 + n).q, want.q)
+        assert not larger.q[:50].any() and not larger.q[50 + n :].any()
+
+
+def test_a_package_that_writes_outputs_checks_them_and_needs_them(
+    tracks: tuple[ModuleType, Path, Path],
+) -> None:
+    module, _, package = tracks
+    compiled = module.TrackNet.load(package)
+    assert compiled._backend.writes_outputs
+    tracks_in = module.Tracks.allocate(20)
+    with pytest.raises(BindingError, match="size of output 'features' along axis n is 21, but the size of input"):
+        compiled(tracks_in, out=module.TrackOut.allocate(21))
+    with pytest.raises(BindingError, match="writes its results into output blocks"):
+        compiled._evaluate(
+            {"momentum": tracks_in, "cov": tracks_in, "bfield": tracks_in}, tracks_in.device, None
+        )
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import LoadedBinding, build_binding
+
+    loaded = LoadedBinding(module.TrackNet, {"Tracks": module.Tracks, "TrackOut": module.TrackOut})
+    with pytest.raises(ServeError, match="writes its results into output blocks"):
+        build_binding(loaded, model_file=package)
 
 
 def test_track_package_records_symbolic_strides(tracks: tuple[ModuleType, Path, Path]) -> None:
     module, _, package = tracks
     metadata = AotBackend(package, module.TrackNet).metadata
-    momentum, cov, bfield = metadata["input_geometry"]
+    momentum, cov, bfield, features, charge = metadata["input_geometry"]  # inputs, outputs
     # Pitches are symbols of their own, read from the tensors; array strides follow from them.
     assert momentum["sizes"][0] == "3" and momentum["strides"][1] == "1"
     assert momentum["strides"][0].isidentifier()
@@ -360,6 +388,11 @@ def test_track_package_records_symbolic_strides(tracks: tuple[ModuleType, Path, 
     assert bfield["strides"] == ["0"]
     assert metadata["example_sizes"] == {"Tracks": 64 * 16 + 1}
     assert metadata["columnwise"] == ["mix"]
+    # The output blocks it writes: [c, n] and [n], their pitch a symbol of its own.
+    assert metadata["writes_outputs"] is True
+    out_pitch = features["strides"][0]
+    assert out_pitch.isidentifier() and out_pitch not in (pitch, momentum["strides"][0])
+    assert features["strides"][1] == "1" and charge["strides"] == ["1"]
 
 
 # Refusing packages built for something else.

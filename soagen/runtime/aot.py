@@ -249,7 +249,9 @@ class AotBackend(Backend):
         self.metadata = metadata
         self.device_type = str(metadata.get("device", "cpu")).split(":", 1)[0]
         self._index_bounds: dict[str, str] = dict(metadata.get("index_bounds", {}))
-        self._check = _InputCheck(binding, metadata.get("input_geometry", []))
+        self.writes_outputs = bool(metadata.get("writes_outputs", False))
+        specs = (*binding.INPUTS, *binding.OUTPUTS) if self.writes_outputs else binding.INPUTS
+        self._check = _InputCheck(binding, specs, metadata.get("input_geometry", []))
 
     @property
     def index_bounds(self) -> Mapping[str, str]:
@@ -328,18 +330,24 @@ _ACCEPTED_GEOMETRIES = 1024  # bounded: sizes vary per event
 
 
 class _InputCheck:
-    """Checks inputs against the sizes and strides the package was exported with."""
+    """Checks the package's arguments (the inputs, and the output blocks of a package that writes
+    them) against the sizes and strides it was exported with."""
 
-    def __init__(self, binding: type[ModelBinding], geometry: Sequence[Mapping[str, typing.Any]]):
+    def __init__(
+        self,
+        binding: type[ModelBinding],
+        specs: Sequence[BindingSpec],
+        geometry: Sequence[Mapping[str, typing.Any]],
+    ):
         self.binding = binding
         self.inputs: list[tuple[BindingSpec, list[str], list[str]]] = []
         self.evaluators: dict[str, _Evaluate | None] = {}
         # Geometries that passed: a loop over events of similar sizes repeats them, and a lookup
         # costs a fraction of evaluating the exported expressions again.
         self.accepted: set[tuple[object, ...]] = set()
-        if len(geometry) != len(binding.INPUTS):
+        if len(geometry) != len(specs):
             return  # nothing recorded: the binding comparison already matched the blocks
-        for spec, entry in zip(binding.INPUTS, geometry, strict=True):
+        for spec, entry in zip(specs, geometry, strict=True):
             sizes = [str(size) for size in entry.get("sizes", [])]
             strides = [str(stride) for stride in entry.get("strides", [])]
             self.inputs.append((spec, sizes, strides))
@@ -368,17 +376,17 @@ class _InputCheck:
             expected = TORCH_DTYPES[spec.block.dtype]
             if tensor.dtype != expected or tensor.dim() != len(sizes):
                 raise BindingError(
-                    f"{self.binding.NAME}: input {spec.name!r} is {tensor.dtype} "
+                    f"{self.binding.NAME}: {spec.direction} {spec.name!r} is {tensor.dtype} "
                     f"{list(tensor.shape)}; the package takes {expected} with "
                     f"{len(sizes)} axes ({', '.join(spec.block.axes)})"
                 )
             shape, stride = tensor.shape, tensor.stride()
             for axis, text in enumerate(sizes):
-                what = f"size of input {spec.name!r} along axis {spec.block.axes[axis]}"
+                what = f"size of {spec.direction} {spec.name!r} along axis {spec.block.axes[axis]}"
                 deferred += self._bind(symbols, origin, text, shape[axis], what)
             for axis, text in enumerate(strides):
                 if shape[axis] > 1:  # a stride along 0 or 1 elements is never used
-                    what = f"stride of input {spec.name!r} along axis {spec.block.axes[axis]}"
+                    what = f"stride of {spec.direction} {spec.name!r} along axis {spec.block.axes[axis]}"
                     deferred += self._bind(symbols, origin, text, stride[axis], what)
         for text, actual, what in deferred:
             evaluate = self.evaluators.get(text)
@@ -405,8 +413,9 @@ class _InputCheck:
             symbols[text] = actual
             origin[text] = what
         elif known != actual:
+            hint = " (one collection bound to both?)" if what.startswith("stride") else ""
             raise BindingError(
                 f"the {what} is {actual}, but the {origin[text]} is {known}: the package was "
-                f"exported with them equal (one collection bound to both?)"
+                f"exported with them equal{hint}"
             )
         return []

@@ -45,6 +45,9 @@ class Backend(abc.ABC):
     # Whether running it from Python could record autograd history: calls then run under
     # `torch.inference_mode()`, whose enter and exit cost a few microseconds per call.
     records_autograd: typing.ClassVar[bool] = True
+    # Whether the runner takes the output blocks after the inputs and writes its results into
+    # them (AOT packages built with `soagen compile --write-outputs`), returning nothing.
+    writes_outputs: bool = False
 
     def __init__(self, description: str) -> None:
         self.description = description

@@ -273,7 +273,8 @@ class ModelBinding:
         """Run the model on the input blocks and return its outputs in schema order. With `targets`
         (the output blocks) every output is checked against its block, then all are written; with
         None nothing is checked against blocks or written: `soagen serve` sends them to a client,
-        which checks them against its own output blocks."""
+        which checks them against its own output blocks. A package built with --write-outputs
+        writes into `targets` itself (its argument check covers them) and needs them."""
         import torch
 
         cls = type(self)
@@ -295,6 +296,17 @@ class ModelBinding:
                 contiguous_copy(view) if spec.name in self.contiguous else view
                 for spec, view in zip(cls.INPUTS, views, strict=True)
             ]
+        if self._backend.writes_outputs:
+            if targets is None:
+                raise BindingError(
+                    f"{cls.NAME}: {self._backend.description} writes its results into output "
+                    f"blocks, and this call has none; serving needs a package that returns them "
+                    f"(built without --write-outputs)"
+                )
+            # The package checked the output blocks' geometry with the inputs' and writes them.
+            runner([*arguments, *targets])
+            self._check_versions(views, versions)
+            return list(targets)
         if self._backend.records_autograd:
             with torch.inference_mode():
                 return self._finish(runner(arguments), views, versions, targets)
@@ -309,8 +321,17 @@ class ModelBinding:
     ) -> list[torch.Tensor]:
         """Check the model's return value and its inputs' version counters, then write each
         output into its block (`targets`), or none of them."""
+        results = _as_outputs(type(self), result)
+        self._check_versions(views, versions)
+        if targets is not None:
+            _check_outputs(type(self), results, targets)
+            for target, result_tensor in zip(targets, results, strict=True):
+                target.copy_(result_tensor)
+        return results
+
+    def _check_versions(self, views: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
+        """Refuse a model that wrote into an input view (its version counter moved)."""
         cls = type(self)
-        results = _as_outputs(cls, result)
         if [view._version for view in views] != versions and not self.protect_inputs:
             spec = next(
                 spec
@@ -323,11 +344,6 @@ class ModelBinding:
                 f"collection now holds modified data. Fix the model, or create the "
                 f"binding with protect_inputs=True to run it on copies"
             )
-        if targets is not None:
-            _check_outputs(cls, results, targets)
-            for target, result_tensor in zip(targets, results, strict=True):
-                target.copy_(result_tensor)
-        return results
 
 
 def _check_names(

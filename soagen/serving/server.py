@@ -187,9 +187,17 @@ def build_binding(
     from soagen.runtime.errors import SoaRuntimeError
 
     try:
-        return loaded.binding(os.fspath(model_file), index_bounds=index_bounds)
+        binding = loaded.binding(os.fspath(model_file), index_bounds=index_bounds)
     except SoaRuntimeError as error:
         raise ServeError(str(error), usage=True) from None
+    if binding._backend.writes_outputs:
+        raise ServeError(
+            f"{model_file}: this package writes its results into output blocks "
+            f"(soagen compile --write-outputs), which the server does not have: it sends each "
+            f"event's results back. Serve a package built without --write-outputs",
+            usage=True,
+        )
+    return binding
 
 
 class EventRunner:
