@@ -653,6 +653,9 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
         views = [
             case.collections[spec.block.layout].block(spec.block) for spec in case.binding.INPUTS
         ]
+        targets = [
+            case.collections[spec.block.layout].block(spec.block) for spec in case.binding.OUTPUTS
+        ]
         paths: dict[str, Callable[[], object]] = {"ideal (eager, contiguous)": case.paths["ideal"]}
         for name, soagen in case.models.items():
             if " contiguous " in name:
@@ -660,8 +663,10 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
             paths[name] = case.paths[name]
             # The backend's own runner (private API, for this comparison only).
             runner = soagen._backend.on(torch.device("cpu"))
+            # A package that writes its outputs takes their blocks after the inputs.
+            arguments = views + targets if soagen._backend.writes_outputs else views
 
-            def bare(runner: Any = runner, views: list[torch.Tensor] = views) -> object:
+            def bare(runner: Any = runner, views: list[torch.Tensor] = arguments) -> object:
                 with torch.inference_mode():
                     return runner(views)
 

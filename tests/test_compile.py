@@ -361,8 +361,13 @@ def test_a_package_that_writes_outputs_checks_them_and_needs_them(
     compiled = module.TrackNet.load(package)
     assert compiled._backend.writes_outputs
     tracks_in = module.Tracks.allocate(20)
-    with pytest.raises(BindingError, match="size of output 'features' along axis n is 21, but the size of input"):
+    with pytest.raises(
+        BindingError, match="size of output 'features' along axis n is 21, but the size of input"
+    ):
         compiled(tracks_in, out=module.TrackOut.allocate(21))
+    views = [tracks_in.block(spec.block) for spec in module.TrackNet.INPUTS]
+    with pytest.raises(BindingError, match=r"takes 5 tensors \(momentum, cov, bfield, features"):
+        compiled._backend.on(torch.device("cpu"))(views)  # the output blocks missing
     with pytest.raises(BindingError, match="writes its results into output blocks"):
         compiled._evaluate(
             {"momentum": tracks_in, "cov": tracks_in, "bfield": tracks_in}, tracks_in.device, None

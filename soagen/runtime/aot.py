@@ -372,6 +372,12 @@ class _InputCheck:
         symbols: dict[str, int] = {}
         origin: dict[str, str] = {}
         deferred: list[tuple[str, int, str]] = []
+        if len(tensors) != len(self.inputs):
+            names = ", ".join(spec.name for spec, _, _ in self.inputs)
+            raise BindingError(
+                f"{self.binding.NAME}: the package takes {len(self.inputs)} tensors ({names}), "
+                f"got {len(tensors)}"
+            )
         for (spec, sizes, strides), tensor in zip(self.inputs, tensors, strict=True):
             expected = TORCH_DTYPES[spec.block.dtype]
             if tensor.dtype != expected or tensor.dim() != len(sizes):
