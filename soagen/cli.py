@@ -98,6 +98,15 @@ def add_columnwise_argument(parser: argparse.ArgumentParser, *, when: str = "") 
     )
 
 
+def add_write_outputs_argument(parser: argparse.ArgumentParser, *, when: str = "") -> None:
+    parser.add_argument(
+        "--write-outputs",
+        action="store_true",
+        help=f"{when}the package stores its results straight into the output blocks it is given "
+        "(no result tensors, no write-back copy); soagen serve cannot run such packages",
+    )
+
+
 def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default: str) -> None:
     """`--index INDEX=BOUND` (repeatable); `checked`: when the indices are checked, if they are."""
     parser.add_argument(
@@ -237,12 +246,7 @@ def _parser() -> argparse.ArgumentParser:
         compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
     )
     add_columnwise_argument(compile_)
-    compile_.add_argument(
-        "--write-outputs",
-        action="store_true",
-        help="the package stores its results straight into the output blocks it is given (no "
-        "result tensors, no write-back copy); soagen serve cannot run such packages",
-    )
+    add_write_outputs_argument(compile_)
 
     from soagen.cli_tools import add_commands  # here, not at the top: it imports this module
 

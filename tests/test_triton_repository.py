@@ -359,7 +359,8 @@ def test_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> Non
         ([*GNN_SIZES, "--output-size", "edge_scores=edge_index"], "gives 'edge_scores' twice"),
         ([*GNN_SIZES, "--index", "edge_index"], "--index takes NAME=VALUE"),
         ([*GNN_SIZES, "--gpus", "0"], "--gpus needs --device gpu"),
-        ([*GNN_SIZES, "--columnwise"], "--columnwise rewrites the model before"),
+        ([*GNN_SIZES, "--columnwise"], "--columnwise is an option of `soagen compile`"),
+        ([*GNN_SIZES, "--write-outputs"], "--write-outputs is an option of `soagen compile`"),
         ([*GNN_SIZES, "--runtime", "torchscript", "--columnwise"], "it needs --runtime aot"),
         (["--model", "Nope"], "has no model 'Nope'; its models are EdgeClassifier"),
     ],
@@ -729,8 +730,9 @@ def build():
 
 
 def test_python_model_runs_an_aot_package_compiled_columnwise(tmp_path: Path) -> None:
-    """`--runtime aot --factory F --columnwise`: soagen compile rewrites the narrow layers, the
-    package says so, and the repository's model.py runs it with the eager model's results."""
+    """`--runtime aot --factory F --columnwise --write-outputs`: soagen compile rewrites the narrow
+    layers and has the package store into the output blocks, the package says so, and the
+    repository's model.py runs it with the eager model's results."""
     torch = pytest.importorskip("torch")
     from soagen.runtime.aot import AotBackend
     from soagen.serving.server import load_binding
@@ -739,15 +741,13 @@ def test_python_model_runs_an_aot_package_compiled_columnwise(tmp_path: Path) ->
     out = tmp_path / "repo"
     status, _, stderr = run_cli(
         "triton", str(schema), "--model", "Score", "--factory", factory, "--runtime", "aot",
-        "--columnwise", "-o", str(out),
+        "--columnwise", "--write-outputs", "-o", str(out),
     )  # fmt: skip
     assert status == 0, stderr
     assert "columnwise: mix, out (2 of 2 nn.Linear layers)" in stderr
     binding = load_binding(schema, "Score").binding
-    assert AotBackend(out / "Score" / "1" / "model.pt2", binding).metadata["columnwise"] == [
-        "mix",
-        "out",
-    ]
+    metadata = AotBackend(out / "Score" / "1" / "model.pt2", binding).metadata
+    assert metadata["columnwise"] == ["mix", "out"] and metadata["writes_outputs"] is True
     namespace: dict[str, Any] = {}
     exec(NARROW_FACTORY, namespace)
     eager = namespace["build"]()

@@ -20,6 +20,7 @@ from soagen.cli import (
     add_factory_argument,
     add_index_argument,
     add_model_arguments,
+    add_write_outputs_argument,
     command_failed,
     path_argument,
 )
@@ -63,6 +64,7 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
     )
     add_factory_argument(triton)
     add_columnwise_argument(triton, when="--runtime aot with --factory: ")
+    add_write_outputs_argument(triton, when="--runtime aot with --factory: ")
     triton.add_argument(
         "--package",
         type=path_argument,
@@ -144,6 +146,7 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             runtime=args.runtime,
             factory=args.factory,
             columnwise=args.columnwise,
+            write_outputs=args.write_outputs,
             package=Path(args.package) if args.package is not None else None,
             name=args.name,
             version=args.version,

@@ -77,6 +77,7 @@ class Request:
     runtime: str | None = None  # python backend: None follows --package, else eager
     factory: str | None = None  # FILE.py:FUNCTION
     columnwise: bool = False  # runtime aot from a factory: `soagen compile --columnwise`
+    write_outputs: bool = False  # runtime aot from a factory: `soagen compile --write-outputs`
     package: Path | None = None  # a .pt2 (soagen compile) or .pt (TorchScript) file
     name: str | None = None
     version: int = 1
@@ -107,12 +108,16 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
     schema_path = request.schema.as_posix()
     model = find_model(schema, request.model, schema_path)
     runtime = _runtime(request)
-    if request.columnwise and (runtime != "aot" or request.factory is None):
-        raise TritonError(
-            "--columnwise rewrites the model before `soagen compile` builds it: it needs "
-            "--runtime aot and --factory",
-            usage=True,
-        )
+    for option, given in (
+        ("--columnwise", request.columnwise),
+        ("--write-outputs", request.write_outputs),
+    ):
+        if given and (runtime != "aot" or request.factory is None):
+            raise TritonError(
+                f"{option} is an option of `soagen compile`, which builds the package here: it "
+                f"needs --runtime aot and --factory",
+                usage=True,
+            )
     if request.naming == "forward" and request.package is not None and runtime == "aot":
         raise TritonError(
             "--naming forward needs the forward's argument names, which a .pt2 package does "
@@ -339,6 +344,7 @@ def _from_factory(
                 device=device,
                 index_bounds=bounds,
                 columnwise=request.columnwise,
+                write_outputs=request.write_outputs,
                 progress=report,
             )
         except CompileError as error:
