@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import typing
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,60 @@ def test_close_releases_the_placed_model_and_a_later_call_places_it_again(  # ty
     loaded(points, out=scores)  # loaded again from the file at this call
     assert loaded._backend.on(torch.device("cpu")) is not placed
     assert torch.equal(scores.a, first)
+
+
+IN_PLACE_SCHEMA = """
+layout Hits {
+    column float32 x, y
+}
+model Rescale {
+    input  xy = Hits{x, y} as [n, c]
+    output x  = Hits{x}
+}
+"""
+
+
+def test_a_writing_package_is_not_handed_an_output_over_its_inputs(tmp_path: Path) -> None:
+    from soagen.runtime.backends import Backend, Runner
+
+    (tmp_path / "rescale.soa").write_text(IN_PLACE_SCHEMA)
+    generate_package(tmp_path / "rescale.soa", tmp_path, "pkg_in_place")
+    module = import_generated(tmp_path, "pkg_in_place", "rescale")
+
+    class Writing(Backend):
+        """Stores its result into the output block it is given, as a --write-outputs package."""
+
+        kind = "aot"
+        records_autograd = False
+        writes_outputs = True
+
+        def place(self, device: torch.device) -> Runner:
+            def run(tensors: object) -> object:
+                xy, x = typing.cast(list[torch.Tensor], tensors)
+                x.data.copy_(xy.sum(1))  # from C++ in a package: no version counter moves
+                return []
+
+            return run
+
+    hits = module.Hits.allocate(100)
+    hits.x.copy_(torch.arange(100.0))
+    hits.y.fill_(1.0)
+    model = module.Rescale(Writing("writes"))
+    with pytest.raises(BindingError, match="output 'x' lies in the memory of input 'xy'"):
+        model(hits, out=hits)
+    assert torch.equal(hits.x, torch.arange(100.0))  # untouched
+    other = module.Hits.allocate(100)
+    model(hits, out=other)
+    assert torch.equal(other.x, torch.arange(100.0) + 1)
+    # Disjoint element ranges of one collection share no memory.
+    model(hits[0:50], out=hits[50:100])
+    assert torch.equal(hits.x[50:], torch.arange(50.0) + 1)
+
+    # A model that returns its result may write over its input: the write-back comes after it.
+    class Sum(nn.Module):
+        def forward(self, xy: torch.Tensor) -> torch.Tensor:
+            return xy.sum(1)
+
+    before = hits.x.clone()
+    module.Rescale(Sum())(hits, out=hits)
+    assert torch.equal(hits.x, before + 1)

@@ -91,6 +91,15 @@ class ModelBinding:
         self._input_blocks = [(spec.name, spec.block) for spec in type(self).INPUTS]
         self._output_blocks = [(spec.name, spec.block) for spec in type(self).OUTPUTS]
         self._checked_classes: set[tuple[type, ...]] = set()
+        # (input position, output position) of blocks that share members: a package that writes
+        # its outputs must not be handed an output over memory it still reads.
+        self._shared_members = [
+            (i, o)
+            for i, source in enumerate(type(self).INPUTS)
+            for o, target in enumerate(type(self).OUTPUTS)
+            if source.block.layout == target.block.layout
+            and set(source.block.members) & set(target.block.members)
+        ]
         self.contiguous = frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
             raise BindingError(
@@ -254,6 +263,17 @@ class ModelBinding:
     ) -> None:
         """Run the model and write its outputs into `targets`, the output blocks (a remote binding
         runs it on its server instead)."""
+        if self._backend.writes_outputs and not self.protect_inputs:
+            cls = type(self)
+            for i, o in self._shared_members:
+                source, target = cls.INPUTS[i].name, cls.OUTPUTS[o].name
+                if _share_elements(inputs[source], outputs[target]):
+                    raise BindingError(
+                        f"{cls.NAME}: output {target!r} lies in the memory of input {source!r}, "
+                        f"and {self._backend.description} writes its outputs while it still "
+                        f"reads its inputs; give the output its own collection, or use a "
+                        f"package built without --write-outputs"
+                    )
         self._evaluate(inputs, device, targets)
 
     def _check_index_ranges(
@@ -303,7 +323,7 @@ class ModelBinding:
                     f"blocks, and this call has none; serving needs a package that returns them "
                     f"(built without --write-outputs)"
                 )
-            # The package checked the output blocks' geometry with the inputs' and writes them.
+            # The package checks the output blocks' geometry with the inputs' and writes them.
             runner([*arguments, *targets])
             self._check_versions(views, versions)
             return list(targets)
@@ -478,6 +498,23 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
             f"({', '.join(spec.name for spec in cls.OUTPUTS)}); nothing was written"
         )
     return list(result)
+
+
+def _share_elements(first: Collection, second: Collection) -> bool:
+    """Whether two collections hold some of the same elements: slices of one buffer whose element
+    ranges intersect, or (conservatively) buffers whose bytes intersect in any other way."""
+    if not first.size or not second.size:
+        return False
+    one, other = first.buffer, second.buffer
+    if one.device != other.device:
+        return False
+    if one.data_ptr() == other.data_ptr() and first.capacity == second.capacity:
+        (start, stop), (other_start, other_stop) = first.element_range, second.element_range
+        return start < other_stop and other_start < stop
+    return (
+        one.data_ptr() < other.data_ptr() + other.numel()
+        and other.data_ptr() < one.data_ptr() + one.numel()
+    )
 
 
 def _check_outputs(
