@@ -174,11 +174,19 @@ def _build_package(
                 rewritten, written = wrapped(*inputs), reference(*inputs)
             _check_agreement(binding, "the columnwise model", rewritten, written, sizes)
         arguments = list(inputs)
+        variable: list[bool] = []  # per output written: its element count follows an input's
         if variant.write_outputs:
             with torch.no_grad():
-                arguments += _example_outputs(binding, layouts, reference(*inputs), device)
+                results = reference(*inputs)
+            arguments += _example_outputs(binding, layouts, results, device)
             wrapped = _IntoOutputs(wrapped, len(inputs))
-        exported = _export(binding, wrapped, arguments)
+            # Every input layout's example count is its own (A * k + 1): an output of another
+            # count is a fixed one (a total per event, say), exported as that number.
+            variable = [
+                result.shape[spec.block.axes.index("n")] in sizes.values()
+                for spec, result in zip(binding.OUTPUTS, results, strict=True)
+            ]
+        exported = _export(binding, wrapped, arguments, variable)
     metadata = {
         "format": METADATA_FORMAT,
         "soagen_version": soagen.__version__,
@@ -456,6 +464,10 @@ class _IntoOutputs(torch.nn.Module):
     def forward(self, *views: torch.Tensor) -> tuple[()]:
         results = self.model(*views[: self.input_count])
         for view, result in zip(views[self.input_count :], results, strict=True):
+            # Equal sizes, not broadcast: export then ties each output axis to what computes it
+            # (an input's element count, or a constant such as 1), which the runtime checks.
+            for axis in range(result.dim()):
+                torch._check(view.shape[axis] == result.shape[axis])  # type: ignore[no-untyped-call]
             view.copy_(result)
         return ()
 
@@ -528,17 +540,22 @@ def _alias(view: torch.Tensor) -> torch.Tensor:
 
 
 def _export(
-    binding: type[ModelBinding], model: torch.nn.Module, inputs: Sequence[torch.Tensor]
+    binding: type[ModelBinding],
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    variable_outputs: Sequence[bool] = (),
 ) -> torch.export.ExportedProgram:
-    """Export with the element axis dynamic in every input, and in every output block when
-    `inputs` holds them too (`_IntoOutputs`)."""
+    """Export with the element axis dynamic in every input; `inputs` may end with output blocks
+    (`_IntoOutputs`), whose element axis is dynamic where `variable_outputs` says so."""
     import torch.fx.experimental._config as fx_config
     from torch.export import Dim
 
     dynamic: list[dict[int, typing.Any]] = []
-    for spec in (*binding.INPUTS, *binding.OUTPUTS)[: len(inputs)]:
+    variable = [True] * len(binding.INPUTS) + list(variable_outputs)
+    specs = (*binding.INPUTS, *binding.OUTPUTS)[: len(variable)]
+    for spec, free in zip(specs, variable, strict=True):
         axes = spec.block.axes
-        dynamic.append({axes.index("n"): Dim.DYNAMIC} if "n" in axes else {})
+        dynamic.append({axes.index("n"): Dim.DYNAMIC} if "n" in axes and free else {})
     arguments = tuple(_alias(view) for view in inputs)
     try:
         # `patch` is added to config modules at import time, so the type checker cannot see it.

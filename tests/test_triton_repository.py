@@ -763,6 +763,59 @@ def test_python_model_runs_an_aot_package_compiled_columnwise(tmp_path: Path) ->
             torch.testing.assert_close(got, expected[None], rtol=1e-5, atol=1e-6)
 
 
+def test_a_package_that_writes_a_fixed_count_output_refuses_another_count(tmp_path: Path) -> None:
+    """`total` is one value per event: the package's output axis is 1, not a free size that
+    `copy_` would broadcast into; Triton's model.py and a local binding both hold to it."""
+    torch = pytest.importorskip("torch")
+    from soagen.runtime.errors import BindingError
+    from soagen.serving.server import load_binding
+
+    schema, factory = _scaled_schema(tmp_path)
+    out = tmp_path / "repo"
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Scaled", "--factory", factory, "--runtime", "aot",
+        "--write-outputs", "--output-size", "total=1", "-o", str(out),
+    )  # fmt: skip
+    assert status == 0, stderr
+    points = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    request = {
+        "points": _Tensor("points", points.T.contiguous()[None].numpy()),
+        "scale": _Tensor("scale", torch.tensor([[2.0]]).numpy()),
+    }
+    with _triton_model(out / "Scaled") as model:
+        (response,) = model.execute([request])
+    assert response.error is None, response.error
+    torch.testing.assert_close(
+        torch.as_tensor(response.tensors["total"]), (points.sum(1) * 2).sum()[None, None]
+    )
+    loaded = load_binding(schema, "Scaled")
+    package = loaded.binding.load(out / "Scaled" / "1" / "model.pt2")
+    hits = loaded.layouts["Hits"].allocate(5, zero=True)
+    totals = loaded.layouts["Summary"].allocate(5, zero=True)
+    with pytest.raises(BindingError, match="size of output 'total' along axis n is 5"):
+        package(hits, out=(hits, totals))
+    assert not totals.total.any()
+
+
+def test_a_writing_package_cannot_overwrite_its_inputs_in_the_python_backend(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    schema, factory = _schema_files(
+        tmp_path,
+        "rescale",
+        "layout Hits {\n    column float32 x, y\n}\n\nmodel Rescale {\n"
+        "    input xy = Hits{x, y} as [n, c]\n    output x = Hits{x}\n}\n",
+        "import torch\n\n\nclass Sum(torch.nn.Module):\n    def forward(self, xy):\n"
+        "        return xy.sum(1)\n\n\ndef build():\n    return Sum()\n",
+    )
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Rescale", "--factory", factory, "--runtime", "aot",
+        "--write-outputs", "-o", str(tmp_path / "repo"),
+    )  # fmt: skip
+    assert status == 2 and "output 'x' binds members of input 'xy'" in stderr
+
+
 # A bfloat16 model: NumPy has no bfloat16, so its blocks travel as their bits (UINT16).
 HALF = """\
 layout A {

@@ -91,15 +91,8 @@ class ModelBinding:
         self._input_blocks = [(spec.name, spec.block) for spec in type(self).INPUTS]
         self._output_blocks = [(spec.name, spec.block) for spec in type(self).OUTPUTS]
         self._checked_classes: set[tuple[type, ...]] = set()
-        # (input position, output position) of blocks that share members: a package that writes
-        # its outputs must not be handed an output over memory it still reads.
-        self._shared_members = [
-            (i, o)
-            for i, source in enumerate(type(self).INPUTS)
-            for o, target in enumerate(type(self).OUTPUTS)
-            if source.block.layout == target.block.layout
-            and set(source.block.members) & set(target.block.members)
-        ]
+        # A package that writes its outputs must not be handed an output over memory it reads.
+        self._shared_members = shared_members(type(self))
         self.contiguous = frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
             raise BindingError(
@@ -498,6 +491,17 @@ def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
             f"({', '.join(spec.name for spec in cls.OUTPUTS)}); nothing was written"
         )
     return list(result)
+
+
+def shared_members(cls: type[ModelBinding]) -> list[tuple[int, int]]:
+    """(input position, output position) of the blocks that bind the same members of a layout."""
+    return [
+        (i, o)
+        for i, source in enumerate(cls.INPUTS)
+        for o, target in enumerate(cls.OUTPUTS)
+        if source.block.layout == target.block.layout
+        and set(source.block.members) & set(target.block.members)
+    ]
 
 
 def _share_elements(first: Collection, second: Collection) -> bool:

@@ -334,6 +334,7 @@ def _from_factory(
     except CompileError as error:
         raise TritonError(str(error), usage=error.usage) from None
     if runtime == "aot":
+        _check_writes_apart(binding, request.write_outputs)
         device = "cuda" if request.device == "gpu" else "cpu"
         try:
             compile_model(
@@ -364,6 +365,21 @@ def _from_factory(
     return _Built(runtime, None, factory, bounds, _argument_names(model))
 
 
+def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> None:
+    """model.py loads each event into one collection per layout, inputs and outputs alike: a
+    package that writes its outputs there would overwrite members it still reads."""
+    from soagen.runtime.model import shared_members
+
+    for i, o in shared_members(binding) if writes_outputs else []:
+        raise TritonError(
+            f"output {binding.OUTPUTS[o].name!r} binds members of input "
+            f"{binding.INPUTS[i].name!r}, which a package built with --write-outputs would "
+            f"overwrite while reading them in the Python backend's one collection per layout; "
+            f"use a package that returns its outputs",
+            usage=True,
+        )
+
+
 def _from_package(
     request: Request,
     runtime: str,
@@ -392,6 +408,7 @@ def _from_package(
                 f"needs a package compiled with `soagen compile ... --device {wanted}`",
                 usage=True,
             )
+        _check_writes_apart(binding, backend.writes_outputs)
         bounds = dict(backend.index_bounds)
         bounds.update(request.index_bounds or {})
         report(f"copying {package.as_posix()}")
