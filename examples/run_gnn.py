@@ -59,9 +59,12 @@ def binding_for(backend: str, package: str | None) -> EdgeClassifier:
             )
         return EdgeClassifier.load(package)
     net = build_model()
-    if backend == "torchscript":
-        return EdgeClassifier(torch.jit.script(net), index_bounds=INDEX_BOUNDS)
-    return EdgeClassifier(net, backend=backend, index_bounds=INDEX_BOUNDS)
+    # The model's torch.cat of its node rows with the edge features runs ~11% slower on the
+    # column-major [E, 2] view than on a row-major copy, which costs less: eager and TorchScript
+    # get one copy per call. torch.compile and AOT fuse the concatenation and read the view as is.
+    row_major = ["edge_features"] if backend in ("eager", "torchscript") else []
+    model = torch.jit.script(net) if backend == "torchscript" else net
+    return EdgeClassifier(model, backend=backend, index_bounds=INDEX_BOUNDS, contiguous=row_major)
 
 
 def _best_of(repeat: int, action: Callable[[], object]) -> float:
