@@ -319,45 +319,41 @@ class RemoteBinding(ModelBinding):
         device: torch.device,
         targets: Sequence[torch.Tensor],
     ) -> None:
+        """Send, check, write (or run the fallback), counted in flight for `close`."""
         cls = type(self)
+        with self._in_flight_call():
+            self.stats.add(calls=1)
+            if self.index_bounds:
+                self._check_index_ranges(
+                    inputs, [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
+                )
+            try:
+                with self._remote_results(inputs, targets) as results:
+                    for target, result in zip(targets, results, strict=True):
+                        target.copy_(result)
+                self.stats.add(writes=1)
+            except RemoteUnavailableError:
+                if self.fallback is None:
+                    raise
+                self.stats.add(fallbacks=1)
+                self.fallback._run_once(inputs, outputs, device)
+
+    @contextmanager
+    def _in_flight_call(self) -> Iterator[None]:
+        """A call on an open binding, which `close` waits for."""
         with self._idle:
             if self._closed:
                 raise RemoteConfigurationError(
-                    f"{cls.NAME}: this remote binding to {self.url} is closed"
+                    f"{type(self).NAME}: this remote binding to {self.url} is closed"
                 )
             self._in_flight += 1
         try:
-            self._execute_open(inputs, outputs, device, targets)
+            yield
         finally:
             with self._idle:
                 self._in_flight -= 1
                 if not self._in_flight:
                     self._idle.notify_all()
-
-    def _execute_open(
-        self,
-        inputs: Mapping[str, Collection],
-        outputs: Mapping[str, Collection],
-        device: torch.device,
-        targets: Sequence[torch.Tensor],
-    ) -> None:
-        """One call, counted in flight by `_execute`: send, check, write (or run the fallback)."""
-        cls = type(self)
-        self.stats.add(calls=1)
-        if self.index_bounds:
-            self._check_index_ranges(
-                inputs, [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
-            )
-        try:
-            with self._remote_results(inputs, targets) as results:
-                for target, result in zip(targets, results, strict=True):
-                    target.copy_(result)
-            self.stats.add(writes=1)
-        except RemoteUnavailableError:
-            if self.fallback is None:
-                raise
-            self.stats.add(fallbacks=1)
-            self.fallback._run_once(inputs, outputs, device)
 
     @contextmanager
     def _remote_results(

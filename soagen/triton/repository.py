@@ -370,7 +370,9 @@ def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> No
     package that writes its outputs there would overwrite members it still reads."""
     from soagen.runtime.model import shared_members
 
-    for i, o in shared_members(binding) if writes_outputs else []:
+    pairs = shared_members(binding) if writes_outputs else []
+    if pairs:
+        i, o = pairs[0]
         raise TritonError(
             f"output {binding.OUTPUTS[o].name!r} binds members of input "
             f"{binding.INPUTS[i].name!r}, which a package built with --write-outputs would "
