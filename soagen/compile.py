@@ -166,12 +166,11 @@ def _build_package(
     with stages.stage("exporting with dynamic element counts (torch.export)"):
         sizes = _example_sizes(binding, layouts)
         inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=0)
-        results = _check_eager(binding, reference, inputs)
+        results, written = _check_eager(binding, reference, inputs)
         wrapped: torch.nn.Module = reference
         if layers is not None:
             wrapped = _SchemaOrder(layers[0], binding)
-            with torch.no_grad():
-                rewritten = wrapped(*inputs)
+            rewritten, _ = _run_on_copies(wrapped, inputs)
             _check_agreement(binding, "the columnwise model", rewritten, results, sizes)
         arguments = list(inputs)
         variable: list[bool] = []  # per output written: its element count follows an input's
@@ -185,6 +184,12 @@ def _build_package(
                 for spec, result in zip(binding.OUTPUTS, results, strict=True)
             ]
         exported = _export(binding, wrapped, arguments, variable)
+        writes_inputs = _inputs_written(binding, exported, written)
+        if writes_inputs:
+            stages.report(
+                f"the model writes into its input(s) {', '.join(writes_inputs)}: the package "
+                f"runs only when loaded with protect_inputs=True (on copies of the collections)"
+            )
     metadata = {
         "format": METADATA_FORMAT,
         "soagen_version": soagen.__version__,
@@ -196,6 +201,7 @@ def _build_package(
         "index_bounds": bounds,
         "columnwise": None if layers is None else layers[1],
         "writes_outputs": variant.write_outputs,
+        "writes_inputs": writes_inputs,
         "input_geometry": _input_geometry(exported),
         "example_sizes": sizes,
     }
@@ -491,13 +497,41 @@ def _example_outputs(
     return [collections[spec.block.layout].block(spec.block) for spec in binding.OUTPUTS]
 
 
+def _run_on_copies(
+    model: torch.nn.Module, inputs: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], set[int]]:
+    """The model's results on copies of `inputs` (a model that writes into its inputs must not
+    change what the next run reads), and the positions of the copies it wrote into."""
+    copies = [view.clone() for view in inputs]
+    versions = [copy._version for copy in copies]
+    with torch.no_grad():
+        results: tuple[torch.Tensor, ...] = model(*copies)
+    written = {i for i, copy in enumerate(copies) if copy._version != versions[i]}
+    return results, written
+
+
+def _inputs_written(
+    binding: type[ModelBinding], exported: torch.export.ExportedProgram, seen: set[int]
+) -> list[str]:
+    """Names of the inputs the model writes into, in schema order: those the eager run was seen
+    to write (`seen`) and those the exported graph mutates (on a path the example did not take,
+    say). Output blocks a --write-outputs package fills are not among them."""
+    # Export's first graph keeps in-place ops as they are; its functional form (what AOTInductor
+    # compiles, ~0.3 s for the GNN example) lists each input it writes back into.
+    with _torch_deprecations_ignored():
+        signature = exported.run_decompositions({}).graph_signature
+    positions = {str(name): i for i, name in enumerate(signature.user_inputs)}
+    mutated = {positions[str(name)] for name in signature.user_inputs_to_mutate.values()}
+    return [spec.name for i, spec in enumerate(binding.INPUTS) if i in seen or i in mutated]
+
+
 def _check_eager(
     binding: type[ModelBinding], model: _SchemaOrder, inputs: Sequence[torch.Tensor]
-) -> tuple[torch.Tensor, ...]:
-    """The model must run on the example and return what the output blocks hold; its results."""
+) -> tuple[tuple[torch.Tensor, ...], set[int]]:
+    """The model must run on the example and return what the output blocks hold: its results,
+    and the positions of the inputs it writes into."""
     try:
-        with torch.no_grad():
-            results: tuple[torch.Tensor, ...] = model(*inputs)
+        results, written = _run_on_copies(model, inputs)
     except Exception as error:
         raise CompileError(
             f"the model fails on example inputs of {binding.NAME} "
@@ -521,7 +555,7 @@ def _check_eager(
                 f"{block.layout}{{{', '.join(block.members)}}} holds {block.dtype} with axes "
                 f"[{', '.join(block.axes)}]"
             )
-    return results
+    return results, written
 
 
 def _describe_inputs(binding: type[ModelBinding], inputs: Sequence[torch.Tensor]) -> str:
@@ -585,15 +619,21 @@ def _input_geometry(exported: torch.export.ExportedProgram) -> list[dict[str, li
     return geometry
 
 
+@contextlib.contextmanager
+def _torch_deprecations_ignored() -> Iterator[None]:
+    """torch 2.13's own export and packaging code trips its pytree deprecation: nothing to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        yield
+
+
 def _compile(
     exported: torch.export.ExportedProgram, path: Path, metadata: Mapping[str, object]
 ) -> None:
     from torch._inductor import aoti_compile_and_package
 
     try:
-        with warnings.catch_warnings():
-            # torch 2.13's own packaging code trips its pytree deprecation; nothing to act on.
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        with _torch_deprecations_ignored():
             aoti_compile_and_package(
                 exported,
                 package_path=str(path),
@@ -625,8 +665,7 @@ def _verify(
     for seed, sizes in enumerate(trials, start=1):
         inputs = _example_inputs(binding, layouts, sizes, bounds, device, seed=seed)
         try:
-            with torch.no_grad():
-                expected = model(*inputs)
+            expected, _ = _run_on_copies(model, inputs)
         except Exception:
             continue  # the eager model itself does not take these sizes (n = 1, say)
         if backend.writes_outputs:

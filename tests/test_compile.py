@@ -31,6 +31,7 @@ from soagen.runtime.aot import METADATA_KEY, AotBackend  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
     BindingError,
     IndexRangeError,
+    InputModifiedError,
     ModelLoadError,
 )
 
@@ -378,6 +379,88 @@ def test_a_package_that_writes_outputs_checks_them_and_needs_them(
     loaded = LoadedBinding(module.TrackNet, {"Tracks": module.Tracks, "TrackOut": module.TrackOut})
     with pytest.raises(ServeError, match="writes its results into output blocks"):
         build_binding(loaded, model_file=package)
+
+
+WRITER_SCHEMA = """
+layout Hits {
+    column float32 x, y
+}
+
+layout Sums {
+    column float32 total
+}
+
+model Writer {
+    input  points = Hits{x, y} as [n, c]
+    output total  = Sums{total}
+}
+"""
+
+WRITER_FACTORY = """
+import torch
+
+
+class ZeroesFirstColumn(torch.nn.Module):
+    # Some real taggers write into their inputs (`points *= mask`); a package would do it too.
+    def forward(self, points):
+        points[:, 0] = 0
+        return points.sum(1)
+
+
+def build():
+    return ZeroesFirstColumn()
+"""
+
+
+def test_a_model_that_writes_its_inputs_compiles_into_a_package_that_needs_protection(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "writer.soa").write_text(WRITER_SCHEMA)
+    (tmp_path / "writer_model.py").write_text(WRITER_FACTORY)
+    lines: list[str] = []
+    package = compile_model(
+        tmp_path / "writer.soa",
+        "Writer",
+        f"{tmp_path / 'writer_model.py'}:build",
+        output=tmp_path / "writer.pt2",
+        progress=lines.append,
+    )
+    # The check against eager ran on copies, so the package compiled (it used to disagree with an
+    # eager run that had already zeroed the inputs) and says what it writes.
+    assert any("writes into its input(s) points" in line for line in lines)
+    generate_package(tmp_path / "writer.soa", tmp_path, "pkg_compile_writer")
+    module = import_generated(tmp_path, "pkg_compile_writer", "writer")
+    assert AotBackend(package, module.Writer).writes_inputs == ("points",)
+    with pytest.raises(InputModifiedError, match=r"writes into its input\(s\) 'points'.*protect"):
+        module.Writer.load(package)
+    hits = module.Hits.allocate(50)
+    hits.block("points").copy_(torch.randn(50, 2, generator=torch.Generator().manual_seed(5)))
+    before = hits.buffer.clone()
+    points = hits.block("points").clone()
+    sums = module.Sums.allocate(50)
+    module.Writer.load(package, protect_inputs=True)(hits, out=sums)
+    assert torch.equal(hits.buffer, before)  # the caller's bytes as they were
+    torch.testing.assert_close(sums.total, points[:, 1])
+
+
+def test_writes_the_example_does_not_reach_show_in_the_exported_graph(
+    gnn: ModuleType,
+) -> None:
+    from soagen.compile import _inputs_written
+
+    class WritesSecondInput(torch.nn.Module):
+        def forward(self, nodes: Any, edge_index: Any, edges: Any) -> Any:
+            edges.mul_(2)
+            return edges.sum(1)
+
+    arguments = (torch.randn(5, 4), torch.zeros(2, 7, dtype=torch.int64), torch.randn(7, 2))
+    exported = torch.export.export(WritesSecondInput(), arguments)
+    # No eager run saw it (`seen` is empty): the functional graph still names the input.
+    assert _inputs_written(gnn.EdgeClassifier, exported, set()) == ["edge_features"]
+    assert _inputs_written(gnn.EdgeClassifier, exported, {0}) == [
+        "node_features",
+        "edge_features",
+    ]
 
 
 def test_track_package_records_symbolic_strides(tracks: tuple[ModuleType, Path, Path]) -> None:

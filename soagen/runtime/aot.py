@@ -250,6 +250,7 @@ class AotBackend(Backend):
         self.device_type = str(metadata.get("device", "cpu")).split(":", 1)[0]
         self._index_bounds: dict[str, str] = dict(metadata.get("index_bounds", {}))
         self.writes_outputs = bool(metadata.get("writes_outputs", False))
+        self.writes_inputs = tuple(metadata.get("writes_inputs", ()))
         specs = (*binding.INPUTS, *binding.OUTPUTS) if self.writes_outputs else binding.INPUTS
         self._check = _InputCheck(binding, specs, metadata.get("input_geometry", []))
 

@@ -48,6 +48,9 @@ class Backend(abc.ABC):
     # Whether the runner takes the output blocks after the inputs and writes its results into
     # them (AOT packages built with `soagen compile --write-outputs`), returning nothing.
     writes_outputs: bool = False
+    # Inputs the model is known to write into before it runs (recorded in AOT packages, whose
+    # writes move no version counter): the binding refuses it unless inputs are protected.
+    writes_inputs: tuple[str, ...] = ()
 
     def __init__(self, description: str) -> None:
         self.description = description

@@ -7,7 +7,9 @@ device) before anything is written, then copies each output into its output bloc
 Inputs are never silently modified: a model that writes into its inputs is caught through the tensor
 version counters and refused with `InputModifiedError`, unless the caller asked for protected copies.
 Writes that bypass autograd's bookkeeping (`.data`, `.numpy()`, raw pointers) leave the counters as
-they were and are not seen: run such models with `protect_inputs=True`.
+they were and are not seen: run such models with `protect_inputs=True`. AOT packages move no
+counters either; `soagen compile` records the inputs a model writes, and loading such a package
+without `protect_inputs=True` is refused.
 Importing this module imports no torch; backends load when a model is first built.
 """
 
@@ -81,6 +83,13 @@ class ModelBinding:
                 )
         self._backend: Backend = load_backend(model, kind=backend, binding=type(self))
         self.protect_inputs = protect_inputs
+        if self._backend.writes_inputs and not protect_inputs:
+            raise InputModifiedError(
+                f"{type(self).NAME}: {self._backend.description} writes into its input(s) "
+                f"{', '.join(repr(name) for name in self._backend.writes_inputs)}, which would "
+                f"change the caller's collections without a trace; load it with "
+                f"protect_inputs=True to run it on copies"
+            )
         bounds = dict(self._backend.index_bounds)
         bounds.update(index_bounds or {})
         self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
