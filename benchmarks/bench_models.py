@@ -12,7 +12,10 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
 - `ort copies`: the model exported to ONNX, run by ONNX Runtime with the copies its `run` API needs;
 - `ort io-binding`: ONNX Runtime reading each SoA block in place as a dense [c, pitch] array and
   writing straight into the output columns (the exported model takes [c, n] and also computes the
-  padding rows; the GNN's int64 index padding is zero, a valid node).
+  padding rows; the GNN's int64 index padding is zero, a valid node). Each call binds the blocks
+  anew, as each event's new buffers need, just as a soagen call binds its views;
+  `ort io-binding bound once` runs one binding made before the timing: a floor no per-event
+  caller reaches, shown for reference and judged against separately.
 
 Besides the end-to-end table: the binding layer alone (a null model that returns a precomputed result,
 with a 2-element output so the write-back is nothing; the write-back at n is its own row) against the
@@ -286,6 +289,19 @@ def bind_ort(session: Any, arrays: Sequence[tuple[torch.Tensor, int, Any]], outp
     return binding
 
 
+def ort_binding_paths(session: Any, bind: Callable[[], Any]) -> dict[str, Callable[[], None]]:
+    """`ort io-binding` (the blocks bound in each call) and `ort io-binding bound once`."""
+    bound = bind()
+
+    def per_event() -> None:
+        session.run_with_iobinding(bind())
+
+    def bound_once() -> None:
+        session.run_with_iobinding(bound)
+
+    return {"ort io-binding": per_event, "ort io-binding bound once": bound_once}
+
+
 def mlp_case(n: int, device: str, tools: Tools) -> Case:
     module = tools.modules["mlp"]
     hits = module.Hits.allocate(n, device=device, zero=True)
@@ -356,17 +372,15 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
             for index, array in enumerate(host_out):
                 array[:] = result[:, index]
 
-        view_out = scores.block("scores")
-        binding = bind_ort(
-            session_columns,
-            [(hits.block("features"), 4, np.float32)],
-            (view_out, (2, view_out.stride(1)), np.float32),
-        )
+        def bind_mlp() -> Any:
+            view_out = scores.block("scores")
+            return bind_ort(
+                session_columns,
+                [(hits.block("features"), 4, np.float32)],
+                (view_out, (2, view_out.stride(1)), np.float32),
+            )
 
-        def ort_io_binding() -> None:
-            session_columns.run_with_iobinding(binding)
-
-        case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+        case.paths |= {"ort copies": ort_copies, **ort_binding_paths(session_columns, bind_mlp)}
     for name in case.paths:
         if name != "ideal" and name not in case.readers:
             case.readers[name], case.written[name] = written, [scores.buffer]
@@ -497,22 +511,20 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             )
             host_score[:] = result
 
-        index_block = edges.block("edge_index")
-        binding = bind_ort(
-            session_columns,
-            [
-                (nodes.block("node_features"), 4, np.float32),
-                (index_block, 2, np.int64),
-                (edges.block("edge_features"), 2, np.float32),
-            ],
-            # One score per index row: the padding rows' scores land in the score column's padding.
-            (scores.block("edge_scores"), (index_block.stride(0),), np.float32),
-        )
+        def bind_gnn() -> Any:
+            index_block = edges.block("edge_index")
+            return bind_ort(
+                session_columns,
+                [
+                    (nodes.block("node_features"), 4, np.float32),
+                    (index_block, 2, np.int64),
+                    (edges.block("edge_features"), 2, np.float32),
+                ],
+                # One score per index row: padding rows' scores land in the score column's padding.
+                (scores.block("edge_scores"), (index_block.stride(0),), np.float32),
+            )
 
-        def ort_io_binding() -> None:
-            session_columns.run_with_iobinding(binding)
-
-        case.paths |= {"ort copies": ort_copies, "ort io-binding": ort_io_binding}
+        case.paths |= {"ort copies": ort_copies, **ort_binding_paths(session_columns, bind_gnn)}
     for name in case.paths:
         if name != "ideal" and name not in case.readers:
             case.readers[name], case.written[name] = (lambda: scores.score), [scores.buffer]
@@ -854,11 +866,16 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
             best = min(soagen_paths, key=lambda p: row[p]["median_ms"])
             ort = [row[p]["median_ms"] for p in ("ort copies", "ort io-binding") if p in row]
             if ort:
-                fastest_vs_ort.append(
+                fastest = row[best]["median_ms"]
+                entry = (
                     f"{size_label(n)}: {best.removeprefix('soagen ')} "
-                    f"{row[best]['median_ms'] / min(ort):.2f}x ORT's best"
-                    f"{' ok' if row[best]['median_ms'] <= min(ort) else ' MISSED'}"
+                    f"{fastest / min(ort):.2f}x ORT's best"
+                    f"{' ok' if fastest <= min(ort) else ' MISSED'}"
                 )
+                once = row.get("ort io-binding bound once")
+                if once:
+                    entry += f" ({fastest / once['median_ms']:.2f}x ORT bound once)"
+                fastest_vs_ort.append(entry)
             if n >= 100_000:
                 ratio = row[best]["median_ms"] / row["ideal"]["median_ms"]
                 fastest_vs_ideal.append(

@@ -508,8 +508,8 @@ def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
     class Binding:
         NAME = "Check"
 
-    for count in (10, 100):  # through Python lists, and through NumPy
-        indices = torch.arange(count).to(dtype)
+    for count in (10, 100, 40_000):  # through Python lists, torch.aminmax, and NumPy
+        indices = (torch.arange(count) % 100).to(dtype)
         _check_index_range(Binding, "index", indices, "points", bound)  # type: ignore[arg-type]
         indices[7] = -1
         with pytest.raises(IndexRangeError, match=r"\(values -1\.\."):
@@ -530,19 +530,22 @@ def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
         ((2, 33), (40, 1)),
         ((33, 2), (1, 40)),
         ((2, 2, 17), (80, 40, 1)),
+        ((2, 16_400), (16_408, 1)),
     ],
 )
 def test_the_host_index_check_finds_the_one_bad_value_in_any_view(
     dtype: torch.dtype, shape: tuple[int, ...], strides: tuple[int, ...]
 ) -> None:
-    # Up to 64 values go through Python lists, more through NumPy; ranks 0 to 3, strided views
-    # with padding between rows (never read), every integer dtype (bound 100: valid 0..99).
+    # Up to 64 values go through Python lists, up to 2**15 signed ones through torch.aminmax, the
+    # rest through NumPy; ranks 0 to 3, strided views with padding between rows (never read),
+    # every integer dtype (bound 100: valid 0..99).
     from soagen.runtime.model import _check_index_range
 
     class Binding:
         NAME = "Check"
 
-    storage = torch.full((200,), 120, dtype=torch.int64)  # the padding holds out-of-range values
+    # The padding holds out-of-range values.
+    storage = torch.full((2 * 16_408,), 120, dtype=torch.int64)
     view = storage.as_strided(shape, strides)
     view.copy_(torch.arange(view.numel()).reshape(shape) % 100)
     indices = storage.to(dtype).as_strided(shape, strides)

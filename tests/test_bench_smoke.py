@@ -43,6 +43,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         "soagen torchscript",
         "ort copies",
         "ort io-binding",
+        "ort io-binding bound once",
     }
     for model in ("mlp", "gnn"):
         for n, paths in cpu[model].items():
