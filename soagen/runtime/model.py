@@ -414,7 +414,7 @@ def _check_index_range(
 ) -> None:
     """Indices must lie in [0, bound). On a GPU the check is queued on the stream, so the host does
     not wait for it; a failure there is a device-side assert instead of a silent wild access."""
-    if indices.device.type != "cpu":
+    if not indices.is_cpu:
         _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
         return
     count, rank = indices.numel(), indices.dim()
