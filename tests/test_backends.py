@@ -88,6 +88,43 @@ def test_torch_compile_matches_eager_at_several_sizes(gnn) -> None:  # type: ign
     torch.testing.assert_close(scores.score, reference)
 
 
+def test_torch_compile_traces_one_graph_for_every_size_pattern(gnn) -> None:  # type: ignore[no-untyped-def]
+    # SoA views meet Dynamo's specializations by chance: a pitch equal to n (n a multiple of the
+    # alignment over the itemsize), pitches of two layouts equal, one element. Each compiled a graph
+    # of its own, up to torch's recompile limit (8), after which calls ran eagerly.
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.utils import counters
+
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net = gnn[0]
+    model = EdgeClassifier(net, backend="compile")
+    before = counters["stats"]["unique_graphs"]
+    generator = torch.Generator().manual_seed(11)
+    # (nodes, edges): generic first, then pitch == n for nodes (32), for int64 edges (16 * odd),
+    # for both edge dtypes (64), pitches of two layouts equal (32, 32), one and two elements.
+    for n_nodes, n_edges in [(37, 129), (32, 100), (50, 48), (37, 64), (32, 32), (1, 1), (2, 2)]:
+        nodes, edges = Nodes.allocate(n_nodes), Edges.allocate(n_edges)
+        nodes.block("node_features").copy_(torch.randn(n_nodes, 4, generator=generator))
+        edges.block("edge_index").copy_(
+            torch.randint(0, n_nodes, (2, n_edges), generator=generator)
+        )
+        edges.block("edge_features").copy_(torch.randn(n_edges, 2, generator=generator))
+        scores = EdgeScores.allocate(n_edges)
+        model(nodes, edges, out=scores)
+        with torch.no_grad():
+            reference = net(
+                nodes.block("node_features").contiguous(),
+                edges.block("edge_index").contiguous(),
+                edges.block("edge_features").contiguous(),
+            )
+        torch.testing.assert_close(scores.score, reference, msg=f"N={n_nodes} E={n_edges}")
+    # At most one: a graph an earlier test traced for the same forward may serve them all.
+    assert counters["stats"]["unique_graphs"] - before <= 1
+    # The settings hold only during soagen's compiles; a user's own torch.compile sees torch's.
+    assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
+
+
 def test_runner_is_built_once_per_device(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
 

@@ -143,20 +143,78 @@ class CompileBackend(Backend):
     def place(self, device: torch.device) -> Runner:
         import torch
 
+        _install_general_shapes()
         compiled = torch.compile(_module_on(self.module, device), **self.options)  # type: ignore[call-overload]
         first_call = threading.Lock()
         warm = threading.Event()
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
-            # Threads must not trace the same function at once: the first call compiles alone.
-            if not warm.is_set():
-                with first_call:
-                    result = compiled(*inputs)
-                    warm.set()
-                    return result
-            return compiled(*inputs)
+            _general_shapes.wanted = True
+            try:
+                # Threads must not trace the same function at once: the first call compiles alone.
+                if not warm.is_set():
+                    with first_call:
+                        result = compiled(*inputs)
+                        warm.set()
+                        return result
+                return compiled(*inputs)
+            finally:
+                _general_shapes.wanted = False
 
         return run
+
+
+class _GeneralShapes(threading.local):
+    """Whether this thread is inside a `CompileBackend` call (so a compile it starts is ours), and
+    the shape settings that compile replaced."""
+
+    wanted = False
+    replaced: tuple[bool, bool] | None = None
+
+
+_general_shapes = _GeneralShapes()
+_general_shapes_installed = False
+_general_shapes_lock = threading.Lock()
+
+
+def _install_general_shapes() -> None:
+    """Make every Dynamo compile started from a `CompileBackend` call trace shapes generally.
+
+    By default Dynamo gives sizes and strides that happen to be equal one symbol ("duck shaping") and
+    specializes counts of 0 and 1. SoA views meet both by chance: a pitch equals n whenever n is a
+    multiple of the alignment over the itemsize, pitches of two layouts coincide, a collection holds
+    one element. Each such pattern compiled a graph of its own: 8 graphs in 40 events of varied
+    sizes (the example GNN), torch's `recompile_limit`, after which new patterns ran eagerly. With
+    duck shaping off and size-oblivious 0/1 the same events compile 2 graphs. The settings are
+    process-wide, so they are set only for the duration of our compiles: Dynamo's compile callbacks
+    run in the compiling thread, one compile at a time (Dynamo's compile lock), and a thread-local
+    flag says whether the compile comes from our call. Calls pay a flag set and reset (~0.2 us).
+    """
+    global _general_shapes_installed
+    with _general_shapes_lock:
+        if _general_shapes_installed:
+            return
+        _general_shapes_installed = True
+        try:
+            import torch.fx.experimental._config as fx_config
+            from torch._dynamo.callback import callback_handler as handler
+        except (ImportError, AttributeError):  # another torch: more graphs, nothing wrong
+            return
+
+    def start(_: object) -> None:
+        if _general_shapes.wanted:
+            _general_shapes.replaced = (fx_config.use_duck_shape, fx_config.backed_size_oblivious)
+            fx_config.use_duck_shape = False
+            fx_config.backed_size_oblivious = True
+
+    def end(_: object) -> None:
+        replaced = _general_shapes.replaced
+        if replaced is not None:
+            fx_config.use_duck_shape, fx_config.backed_size_oblivious = replaced
+            _general_shapes.replaced = None
+
+    handler.register_start_callback(start)
+    handler.register_end_callback(end)
 
 
 def _positional(module: Callable[..., object]) -> Runner:

@@ -121,7 +121,10 @@ def allocate(
             buffer = None  # the allocator gave less than it promised: fall back to padding
     if buffer is None:
         raw = empty(nbytes + alignment)
-        shift = -address(raw) % alignment
+        # Never 0: then the buffer's storage offset does not depend on where the allocator put it,
+        # and neither do its views' (torch.compile specializes a storage offset of 0 or 1, and
+        # compiled another graph for each).
+        shift = alignment - address(raw) % alignment
         buffer = raw[shift : shift + nbytes]
     if zero:
         buffer.zero_()
