@@ -441,6 +441,24 @@ def test_a_model_that_writes_its_inputs_compiles_into_a_package_that_needs_prote
     module.Writer.load(package, protect_inputs=True)(hits, out=sums)
     assert torch.equal(hits.buffer, before)  # the caller's bytes as they were
     torch.testing.assert_close(sums.total, points[:, 1])
+    # Serving loads packages as they are: `soagen triton` and `soagen serve` say so up front.
+    status, _, stderr = run_cli(
+        "triton", str(tmp_path / "writer.soa"), "--model", "Writer", "--runtime", "aot",
+        "--package", str(package), "-o", str(tmp_path / "repo"),
+    )  # fmt: skip
+    assert status == 2 and "writes into its input(s) points" in stderr, stderr
+    status, _, stderr = run_cli(
+        "triton", str(tmp_path / "writer.soa"), "--model", "Writer", "--runtime", "aot",
+        "--factory", f"{tmp_path / 'writer_model.py'}:build", "-o", str(tmp_path / "repo"),
+    )  # fmt: skip
+    assert status == 2 and "writes into its input(s) points" in stderr, stderr
+    assert not (tmp_path / "repo" / "Writer").exists()
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import LoadedBinding, build_binding
+
+    loaded = LoadedBinding(module.Writer, {"Hits": module.Hits, "Sums": module.Sums})
+    with pytest.raises(ServeError, match="writes into its input"):
+        build_binding(loaded, model_file=package)
 
 
 def test_writes_the_example_does_not_reach_show_in_the_exported_graph(

@@ -27,7 +27,7 @@ import tempfile
 import typing
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -350,6 +350,9 @@ def _from_factory(
             )
         except CompileError as error:
             raise TritonError(str(error), usage=error.usage) from None
+        from soagen.runtime.aot import AotBackend
+
+        _check_reads_only(AotBackend(version / "model.pt2", binding).writes_inputs, request.factory)
         return _Built("aot", "model.pt2", None, bounds, _argument_names(model))
     checked = _check_model(binding, layouts, model, bounds)
     if runtime == "torchscript":
@@ -378,6 +381,18 @@ def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> No
             f"{binding.INPUTS[i].name!r}, which a package built with --write-outputs would "
             f"overwrite while reading them in the Python backend's one collection per layout; "
             f"use a package that returns its outputs",
+            usage=True,
+        )
+
+
+def _check_reads_only(written: Sequence[str], source: str) -> None:
+    """model.py loads packages as they are: one that writes into its inputs (`written`, recorded
+    by `soagen compile`) would be refused when the server starts; say so now."""
+    if written:
+        raise TritonError(
+            f"{source}: the model writes into its input(s) {', '.join(written)}, which soagen "
+            f"refuses to run without protected copies; make the model leave its inputs as they "
+            f"are (out-of-place operations, or a clone first)",
             usage=True,
         )
 
@@ -411,6 +426,7 @@ def _from_package(
                 usage=True,
             )
         _check_writes_apart(binding, backend.writes_outputs)
+        _check_reads_only(backend.writes_inputs, str(package))
         bounds = dict(backend.index_bounds)
         bounds.update(request.index_bounds or {})
         report(f"copying {package.as_posix()}")
