@@ -185,7 +185,8 @@ def _install_general_shapes() -> None:
     multiple of the alignment over the itemsize, pitches of two layouts coincide, a collection holds
     one element. Each such pattern compiled a graph of its own: 8 graphs in 40 events of varied
     sizes (the example GNN), torch's `recompile_limit`, after which new patterns ran eagerly. With
-    duck shaping off and size-oblivious 0/1 the same events compile 2 graphs. The settings are
+    duck shaping off and size-oblivious 0/1 the same events compile one graph (two when the first
+    event's pitch equals its n, which ties them in the first graph). The settings are
     process-wide, so they are set only for the duration of our compiles: Dynamo's compile callbacks
     run in the compiling thread, one compile at a time (Dynamo's compile lock), and a thread-local
     flag says whether the compile comes from our call. Calls pay a flag set and reset (~0.2 us).
