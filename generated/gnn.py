@@ -340,7 +340,8 @@ class EdgeClassifier(_soagen.ModelBinding):
         output edge_scores: EdgeScores{score} as [n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: run in aligned slices of at most this many elements.
+        `batch_size`: run in aligned slices of at most this many elements (every
+        collection of the call must then have the same size).
         """
         self.run(
             {

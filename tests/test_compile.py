@@ -526,13 +526,13 @@ GNN_TEXT = GNN_SCHEMA.read_text()
             "input 'edge_index': the byte layout of Edges differs",
         ),
         (
-            "Nodes{x, y, z, energy}      as [n, c]",
-            "Nodes{x, y, z}              as [n, c]",
+            "Nodes{x, y, z, energy}    as [n, c]",
+            "Nodes{x, y, z}            as [n, c]",
             "input 'node_features': members x, y, z, energy in the package, x, y, z here",
         ),
         (
-            "Edges{src, dst}             as [c, n]",
-            "Edges{src, dst}             as [n, c]",
+            "Edges{src, dst}           as [c, n]",
+            "Edges{src, dst}           as [n, c]",
             "input 'edge_index': axes c, n in the package, n, c here",
         ),
         (

@@ -141,6 +141,16 @@ def test_messy_schema_keeps_meaning_and_comments() -> None:
     assert len(_comments(formatted)) == len(_comments(MESSY))
 
 
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO / "schemas").glob("*.soa")) + sorted((REPO / "benchmarks" / "schemas").glob("*.soa")),
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
+def test_shipped_schemas_are_formatted(path: Path) -> None:
+    # Whoever adopts the soagen-fmt pre-commit hook must not see the examples rewritten.
+    assert _fmt(path.read_text()) == path.read_text()
+
+
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_corpus_idempotent_and_same_ir(path: Path) -> None:
     text = path.read_text()

@@ -420,7 +420,8 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         f"Run {model.name} on zero-copy views of the inputs; write its outputs into `out`.\n\n"
         + "\n".join(bound)
         + "\n\n`stream`: a CUDA stream instead of the current one.\n"
-        "`batch_size`: run in aligned slices of at most this many elements."
+        "`batch_size`: run in aligned slices of at most this many elements (every\n"
+        "collection of the call must then have the same size)."
     )
     lines.append(docstring(doc, body))
     lines.append(f"{body}self.run(")

@@ -588,7 +588,8 @@ class Tagger(_soagen.ModelBinding):
         output probabilities: Tags{probabilities} as [n, 2]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: run in aligned slices of at most this many elements.
+        `batch_size`: run in aligned slices of at most this many elements (every
+        collection of the call must then have the same size).
         """
         self.run(
             {

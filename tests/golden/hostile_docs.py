@@ -136,7 +136,8 @@ class Sneaky(_soagen.ModelBinding):
         output out: Weird{value} as [n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: run in aligned slices of at most this many elements.
+        `batch_size`: run in aligned slices of at most this many elements (every
+        collection of the call must then have the same size).
         """
         self.run(
             {

@@ -145,7 +145,8 @@ class VertexFinder(_soagen.ModelBinding):
         output positions: Vertices{x, y, z} as [c, n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: run in aligned slices of at most this many elements.
+        `batch_size`: run in aligned slices of at most this many elements (every
+        collection of the call must then have the same size).
         """
         self.run(
             {
