@@ -639,7 +639,15 @@ COMMANDS["serve"] = _serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # The reader went away (`soagen show ... | head -1`): stop quietly, as other tools do.
+        _silence_stdout()
+        return EXIT_PROBLEMS
+
+
+def _main(arguments: list[str]) -> int:
     # `soagen FILE` means `soagen generate FILE`.
     if arguments and arguments[0] not in COMMANDS and not arguments[0].startswith("-"):
         arguments.insert(0, "generate")
@@ -654,6 +662,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = _Output(args.format, args.color)
     try:
         status = COMMANDS[args.command](args, output)
+        output.flush()
+    except BrokenPipeError:
+        raise  # not a file the user named: see `main`
     except UsageError as error:
         if args.format == "json":
             print(json.dumps({"error": str(error)}))
@@ -663,5 +674,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         print(f"soagen: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    output.flush()
     return status
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not fail on the closed pipe."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file (tests capture output in memory)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)

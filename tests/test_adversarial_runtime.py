@@ -244,7 +244,7 @@ def test_nan_and_infinities_are_written_not_refused(soa: ModuleType) -> None:
         (lambda p: p[:, :1], r"shape \[3, 1\], expected \[3, 2\]"),
         (lambda p: p[:, :2].unsqueeze(0), r"shape \[1, 3, 2\]"),
         (lambda p: p[0, 0], r"shape \[\], expected \[3, 2\]"),
-        (lambda p: torch.empty(0, 2), r"shape \[0, 2\]"),
+        (lambda p: torch.empty(0, 2), r"returned 0 elements, but its output collection"),
         (lambda p: p[:, :2].half(), "dtype torch.float16, expected torch.float32"),
         (lambda p: p[:, :2].to(torch.int32), "dtype torch.int32"),
         (lambda p: p[:, :2] > 0, "dtype torch.bool"),

@@ -225,3 +225,28 @@ def test_import_soagen_dsl_imports_no_torch_or_numpy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_closed_pipe_ends_the_output_quietly() -> None:
+    # `soagen show ... | head -1`: the reader closes its end before soagen writes.
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "soagen",
+            "show",
+            "schemas/gnn.soa",
+            "--size",
+            "1000",
+            "--format",
+            "json",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1
+    assert stderr == ""

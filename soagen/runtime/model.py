@@ -546,6 +546,14 @@ def _check_outputs(
     count was checked with the return value)."""
     for spec, result, target in zip(cls.OUTPUTS, results, targets, strict=True):
         problem = None
+        axes = spec.block.axes
+        if result.shape != target.shape and _differ_only_along_n(axes, result.shape, target.shape):
+            n = axes.index("n")
+            raise OutputError(
+                f"{cls.NAME} output {spec.name!r}: the model returned {result.shape[n]} elements, "
+                f"but its output collection ({spec.block.layout}) holds {target.shape[n]}; "
+                f"allocate it with the model's element count; nothing was written"
+            )
         if result.shape != target.shape:
             problem = f"shape {list(result.shape)}, expected {list(target.shape)}"
         elif result.dtype != target.dtype:
@@ -557,6 +565,15 @@ def _check_outputs(
                 f"{cls.NAME} output {spec.name!r} has {problem} (axes {list(spec.block.axes)}); "
                 f"nothing was written"
             )
+
+
+def _differ_only_along_n(
+    axes: Sequence[str], shape: Sequence[int], expected: Sequence[int]
+) -> bool:
+    """Whether two shapes of a block with axes `axes` differ in their element count alone."""
+    return len(shape) == len(expected) == len(axes) and all(
+        axis == "n" or size == wanted for axis, size, wanted in zip(axes, shape, expected)
+    )
 
 
 def _batches(
