@@ -143,7 +143,8 @@ def test_messy_schema_keeps_meaning_and_comments() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    sorted((REPO / "schemas").glob("*.soa")) + sorted((REPO / "benchmarks" / "schemas").glob("*.soa")),
+    sorted((REPO / "schemas").glob("*.soa"))
+    + sorted((REPO / "benchmarks" / "schemas").glob("*.soa")),
     ids=lambda p: p.relative_to(REPO).as_posix(),
 )
 def test_shipped_schemas_are_formatted(path: Path) -> None:

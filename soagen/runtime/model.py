@@ -572,7 +572,8 @@ def _differ_only_along_n(
 ) -> bool:
     """Whether two shapes of a block with axes `axes` differ in their element count alone."""
     return len(shape) == len(expected) == len(axes) and all(
-        axis == "n" or size == wanted for axis, size, wanted in zip(axes, shape, expected, strict=True)
+        axis == "n" or size == wanted
+        for axis, size, wanted in zip(axes, shape, expected, strict=True)
     )
 
 
