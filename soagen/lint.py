@@ -498,6 +498,9 @@ def lint(
     config: Config | None = None,
 ) -> LintReport:
     """Lint schema files. Each is linted with `config`, or with the config found above it."""
+    # Wrong command-line rules are a usage error whatever the files hold: say so before reading them.
+    expand(select or (), "--select")
+    expand(ignore, "--ignore")
     report = LintReport()
     used = _layouts_bound_beside(paths)
     selections: dict[Path | None, Selection] = {}

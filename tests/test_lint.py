@@ -246,6 +246,10 @@ def test_usage_errors(in_tmp: Path) -> None:
     (in_tmp / "clean.soa").write_text(CLEAN)
     assert run_cli("lint", "missing.soa")[0] == 2
     assert run_cli("lint", "clean.soa", "--select", "NOPE")[0] == 2
+    # A wrong rule is named even when the file has schema errors (they used to hide it).
+    (in_tmp / "broken.soa").write_text("layout A {\n    column floot x\n}\n")
+    status, _, stderr = run_cli("lint", "broken.soa", "--ignore", "NOPE")
+    assert status == 2 and "--ignore: unknown rule or category `NOPE`" in stderr, stderr
     assert run_cli("lint", "clean.soa", "--format", "xml")[0] == 2
     assert run_cli("lint")[0] == 2  # default folder `schemas` does not exist here
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import mmap
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +29,8 @@ from soagen.runtime.errors import (
     SoaRuntimeError,
     UnsupportedBufferError,
 )
+
+from .helpers import REPO
 
 SMALL = """
 layout Small {
@@ -474,3 +478,18 @@ def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
     for other in (copy.t(), storage[:n], storage[: 4 * 5 * 6].reshape(4, 5, 6).transpose(0, 2)):
         assert torch.equal(contiguous_copy(other), other.contiguous())
         assert contiguous_copy(other).is_contiguous()
+
+
+def test_memory_without_torch_says_what_to_install() -> None:
+    # Generated modules import without torch (generation and linting need none); memory needs it.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from generated.gnn import Nodes\n"
+        "Nodes.allocate(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "ModuleNotFoundError: soagen's collections need torch" in done.stderr
+    assert "pip install 'soagen[torch]'" in done.stderr
