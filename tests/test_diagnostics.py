@@ -70,6 +70,12 @@ CASES = [
         ["did you mean `column`?"],
     ),
     (
+        "SOA001",  # inside a binding's members only `,` or `}` can follow (not a layout's words)
+        "layout A {\n    column float32 x, y\n}\nmodel M {\n    input a = A{x, y \u2038as [n, c]\n}\n",
+        ["unexpected `as`", "expected `,` or `}`"],
+        [],
+    ),
+    (
         "SOA001",
         "layout A {\n    column float32[2\u2038*3] x\n}\n",
         ["unexpected character `*`"],
