@@ -518,8 +518,15 @@ def _inputs_written(
     say). Output blocks a --write-outputs package fills are not among them."""
     # Export's first graph keeps in-place ops as they are; its functional form (what AOTInductor
     # compiles, ~0.3 s for the GNN example) lists each input it writes back into.
-    with _torch_deprecations_ignored():
-        signature = exported.run_decompositions({}).graph_signature
+    try:
+        with _torch_deprecations_ignored():
+            signature = exported.run_decompositions({}).graph_signature
+    except Exception as error:
+        first = str(error).strip().splitlines()[:6]
+        raise CompileError(
+            f"torch.export cannot put the model for {binding.NAME} in functional form (to find "
+            f"the inputs it writes): {type(error).__name__}: " + "\n".join(first)
+        ) from error
     positions = {str(name): i for i, name in enumerate(signature.user_inputs)}
     mutated = {positions[str(name)] for name in signature.user_inputs_to_mutate.values()}
     return [spec.name for i, spec in enumerate(binding.INPUTS) if i in seen or i in mutated]

@@ -125,6 +125,40 @@ def test_torch_compile_traces_one_graph_for_every_size_pattern(gnn) -> None:  # 
     assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
 
 
+def test_shape_settings_come_back_when_another_thread_ends_the_compile_window(gnn) -> None:  # type: ignore[no-untyped-def]
+    # Dynamo runs its end callback when the last compile in flight, in any thread, ends: here a
+    # lazy-backward window opened in another thread during soagen's compile outlives it.
+    import threading
+
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    compiling, done = threading.Event(), threading.Event()
+    signal = callback_handler.register_start_callback(lambda _: compiling.set())
+
+    def other_thread() -> None:
+        compiling.wait(timeout=60)
+        with callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "other"):
+            done.wait(timeout=60)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    try:
+        nodes, edges = Nodes.allocate(41), Edges.allocate(131)
+        edges.block("edge_index").copy_(torch.randint(0, 41, (2, 131)))
+        # A module of its own class: Dynamo compiles its forward afresh.
+        net = type("Fresh", (type(gnn[0]),), {})()
+        EdgeClassifier(net, backend="compile")(nodes, edges, out=EdgeScores.allocate(131))
+    finally:
+        done.set()
+        worker.join()
+        callback_handler.remove_start_callback(signal)
+    assert compiling.is_set()  # the window did overlap a compile
+    assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
+
+
 def test_runner_is_built_once_per_device(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
 
@@ -321,6 +355,8 @@ def test_cuda_runs_where_the_data_lives_on_the_given_stream(gnn) -> None:  # typ
         model(gpu_nodes, gpu_edges, out=gpu_scores, stream=stream)
     stream.synchronize()
     names = [event.name for event in profile.events()]
+    # The profiler saw the GPU at all (without CUPTI it records no device events, copies included).
+    assert [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not any("Memcpy HtoD" in name or "Memcpy DtoH" in name for name in names)
     # One model object now serves both devices; the CPU module stays where it was.
     assert set(model._backend.devices) == {torch.device("cpu"), gpu_nodes.device}

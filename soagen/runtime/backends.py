@@ -149,6 +149,7 @@ class CompileBackend(Backend):
         warm = threading.Event()
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
+            outermost = not _general_shapes.wanted
             _general_shapes.wanted = True
             try:
                 # Threads must not trace the same function at once: the first call compiles alone.
@@ -159,7 +160,10 @@ class CompileBackend(Backend):
                         return result
                 return compiled(*inputs)
             finally:
-                _general_shapes.wanted = False
+                if outermost:
+                    _general_shapes.wanted = False
+                    # Dynamo's end callback may have run in another thread (see below).
+                    _restore_shapes()
 
         return run
 
@@ -186,10 +190,16 @@ def _install_general_shapes() -> None:
     one element. Each such pattern compiled a graph of its own: 8 graphs in 40 events of varied
     sizes (the example GNN), torch's `recompile_limit`, after which new patterns ran eagerly. With
     duck shaping off and size-oblivious 0/1 the same events compile one graph (two when the first
-    event's pitch equals its n, which ties them in the first graph). The settings are
-    process-wide, so they are set only for the duration of our compiles: Dynamo's compile callbacks
-    run in the compiling thread, one compile at a time (Dynamo's compile lock), and a thread-local
-    flag says whether the compile comes from our call. Calls pay a flag set and reset (~0.2 us).
+    event's pitch equals its n, which ties them in the first graph).
+
+    The settings (per thread in torch 2.13) must not reach the user's own compiles in the same
+    thread, and setting them around every call costs 7-21 us, so they are set by Dynamo's compile
+    start callback, which runs in the compiling thread, when a thread-local flag says the compile
+    comes from a soagen call, and put back by the end callback. Dynamo counts compiles in flight
+    across threads and runs the callbacks only on the first start and the last end, so the end may
+    run in another thread (a lazy backward compile there, say): the outermost soagen call puts the
+    settings back too. When another thread's compile is in flight as ours starts, ours traces with
+    Dynamo's defaults: more graphs, nothing wrong. Calls pay a flag set and reset (~0.2 us).
     """
     global _general_shapes_installed
     with _general_shapes_lock:
@@ -203,19 +213,23 @@ def _install_general_shapes() -> None:
             return
 
     def start(_: object) -> None:
-        if _general_shapes.wanted:
+        if _general_shapes.wanted and _general_shapes.replaced is None:
             _general_shapes.replaced = (fx_config.use_duck_shape, fx_config.backed_size_oblivious)
             fx_config.use_duck_shape = False
             fx_config.backed_size_oblivious = True
 
-    def end(_: object) -> None:
-        replaced = _general_shapes.replaced
-        if replaced is not None:
-            fx_config.use_duck_shape, fx_config.backed_size_oblivious = replaced
-            _general_shapes.replaced = None
-
     handler.register_start_callback(start)
-    handler.register_end_callback(end)
+    handler.register_end_callback(lambda _: _restore_shapes())
+
+
+def _restore_shapes() -> None:
+    """Put back the settings this thread's soagen compile replaced, if any."""
+    replaced = _general_shapes.replaced
+    if replaced is not None:
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape, fx_config.backed_size_oblivious = replaced
+        _general_shapes.replaced = None
 
 
 def _positional(module: Callable[..., object]) -> Runner:
