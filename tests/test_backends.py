@@ -307,13 +307,27 @@ THREADS_PROGRAM = textwrap.dedent(
 
 
 @pytest.mark.parametrize(
-    "setting, expected",
-    [(None, "1 1"), ("2", "2 1"), ("2,2", "2 2"), ("many", "SOAGEN_CPU_THREADS='many'")],
+    "setting, omp, expected",
+    [
+        (None, None, "1 1"),
+        ("2", None, "2 1"),
+        ("2,2", None, "2 2"),
+        ("many", None, "SOAGEN_CPU_THREADS='many'"),
+        # torch's own variable chose the intra-op count (the program then sets 2): it stays.
+        (None, "3", "2 1"),
+        ("1", "3", "1 1"),  # soagen's variable decides
+    ],
 )
-def test_cpu_threads_are_set_at_the_first_cpu_call(setting: str | None, expected: str) -> None:
-    environment = {k: v for k, v in os.environ.items() if k != "SOAGEN_CPU_THREADS"}
+def test_cpu_threads_are_set_at_the_first_cpu_call(
+    setting: str | None, omp: str | None, expected: str
+) -> None:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("SOAGEN_CPU_THREADS", "OMP_NUM_THREADS")
+    }
     if setting is not None:
         environment["SOAGEN_CPU_THREADS"] = setting
+    if omp is not None:
+        environment["OMP_NUM_THREADS"] = omp
     result = subprocess.run(
         [sys.executable, "-c", THREADS_PROGRAM],
         cwd=REPO,

@@ -3,7 +3,8 @@
 Threads: reconstruction frameworks (CMSSW's TBB pool) run many events in parallel threads; a model
 that also spreads each call over every core oversubscribes the machine. So, as CMSSW does, torch's
 intra-op and inter-op thread counts become 1 unless the process chose otherwise, with
-`set_cpu_threads` or the environment variable `SOAGEN_CPU_THREADS` ("intra" or "intra,inter").
+`set_cpu_threads` or the environment variable `SOAGEN_CPU_THREADS` ("intra" or "intra,inter"); where
+only torch's own `OMP_NUM_THREADS` is set, the intra-op count stays as torch has it.
 
 Memory: glibc's malloc gives large freed blocks back to the OS at once, so a model's intermediates
 are page-faulted in again on every call (62.5k faults per call for a small MLP at n = 1e6). Keeping
@@ -98,6 +99,11 @@ def ensure_cpu_settings() -> None:
     """Apply the defaults (or the environment's settings) once, unless the process set them."""
     if not _configured:
         intra_op, inter_op = _from_environment(os.environ.get(ENVIRONMENT_VARIABLE, ""))
+        if (
+            not os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+            and os.environ.get("OMP_NUM_THREADS", "").strip()
+        ):
+            intra_op = None  # torch's own variable, which torch applied: the user chose a count
         set_cpu_threads(intra_op, inter_op)
     ensure_malloc_tuning()
 
