@@ -187,9 +187,14 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             f" backend, {written.runtime} runtime" if written.runtime else " backend"
         )
         print(f"wrote {written.folder.as_posix()} ({how}) in {seconds:.1f} s:")
+        generated = [name for name in written.files if "/soagen_generated/" in "/" + name]
         for name in written.files:
-            if "/" + "soagen_generated/" not in "/" + name:
+            if name not in generated:
                 print(f"  {name}")
+        if generated:
+            # The schema's modules, one line for all of them: what model.py imports.
+            folder = generated[0].split("soagen_generated/", 1)[0] + "soagen_generated/"
+            print(f"  {folder} ({len(generated)} generated files)")
         tensors = ", ".join(f"{t.name} {list(t.dims)}" for t in config.inputs)
         results = ", ".join(f"{t.name} {list(t.dims)}" for t in config.outputs)
         print(f"  inputs: {tensors}\n  outputs: {results}")
