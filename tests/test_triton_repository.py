@@ -326,11 +326,13 @@ def test_cli_writes_a_python_backend_model(tmp_path: Path) -> None:
     assert spec["outputs"][0]["size"] == {"input": "edge_features"}
     # Writing again replaces the folder soagen wrote; the same inputs give the same text files.
     before = {p: (folder / p).read_bytes() for p in ("config.pbtxt", "1/model.py")}
-    status, _, stderr = run_cli(
+    status, stdout, stderr = run_cli(
         "triton", str(GNN), "--model", "EdgeClassifier", "--factory", FACTORY, *GNN_SIZES,
         "-o", str(out),
     )  # fmt: skip
     assert status == 0, stderr
+    # The text report lists each file, and the generated modules as one folder.
+    assert "  1/model.py\n" in stdout and "  1/soagen_generated/ (2 generated files)\n" in stdout
     assert before == {p: (folder / p).read_bytes() for p in before}
     assert sorted(p.name for p in out.iterdir()) == ["EdgeClassifier"]  # no staging left
 
