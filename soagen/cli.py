@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import soagen
-from soagen.diagnostics import CODES, Diagnostic, render_github, render_json, render_text
+from soagen.diagnostics import (
+    CODES,
+    EXPLANATIONS,
+    Diagnostic,
+    render_github,
+    render_json,
+    render_text,
+)
 from soagen.dsl.ir import Schema
 from soagen.dsl.loader import LoadResult, load
 from soagen.layout import block_view, byte_size, member_offsets, member_pitch, member_view
@@ -548,10 +555,11 @@ def cmd_explain(args: argparse.Namespace, output: _Output) -> int:
             )
         print(json.dumps({"code": code, "summary": text}) if output.format == "json" else text)
         return EXIT_OK
+    explanation = EXPLANATIONS[code]
     if output.format == "json":
-        print(json.dumps({"code": code, "summary": CODES[code]}))
+        print(json.dumps({"code": code, "summary": CODES[code], "explanation": explanation}))
     else:
-        print(f"{code}: {CODES[code]}")
+        print(f"{code}: {CODES[code]}\n\n{explanation}")
     return EXIT_OK
 
 

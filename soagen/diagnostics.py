@@ -1,13 +1,15 @@
 """Problems found in schemas, as structured data with coordinates.
 
 Every check returns `Diagnostic`s rather than raising, so one run reports all of them together. Each
-code has one row in `CODES`: the table is the reference `soagen explain` and the README print.
+code has one row in `CODES` (its summary) and one in `EXPLANATIONS` (what triggers it, why it matters,
+how to fix it): `soagen explain` prints both.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import textwrap
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -77,6 +79,491 @@ CODES: dict[str, str] = {
     "SOA401": "an imported file does not exist",
     "SOA402": "imports form a cycle",
     "SOA403": "a name is declared in two files",
+}
+
+
+def _text(text: str) -> str:
+    return textwrap.dedent(text).strip()
+
+
+# code -> what triggers it, why it matters and how to fix it, for `soagen explain`. An example that
+# reports the code follows a line `Gives SOAnnn:`, a corrected one a line `Fixed:`; each is indented
+# by four spaces after a blank line, and the tests load every one of them.
+EXPLANATIONS: dict[str, str] = {
+    "SOA001": _text(
+        """
+        The file does not follow the .soa grammar: a misspelt keyword, a missing `}` or `,`, a
+        character the language does not use, or a `///` doc comment with no declaration after
+        it. The message says what was found and what the grammar expects there; the hint, where
+        there is one, names the keyword that was probably meant. Parsing a file stops at its
+        first syntax error, so fix it and run again to see the file's other problems.
+
+        Gives SOA001:
+
+            layout Hits { colum float32 x }
+
+        Fixed:
+
+            layout Hits { column float32 x }
+        """
+    ),
+    "SOA002": _text(
+        """
+        A schema file given to soagen cannot be read: it is not a regular file (a FIFO or a
+        device), it is not UTF-8 text, or the system refuses to open it (permissions; through
+        the Python API `load()`, also a missing file, which the command line reports as a usage
+        error instead). Nothing of the file is checked. Fix the permissions or save the file as
+        UTF-8 (a byte order mark is accepted). A file reached through `import` reports SOA401.
+        """
+    ),
+    "SOA101": _text(
+        """
+        A member's dtype is not one soagen knows. The dtypes are `bool`, `int8`, `int16`,
+        `int32`, `int64`, `uint8`, `uint16`, `uint32`, `uint64`, `float16`, `bfloat16`,
+        `float32` and `float64`; each is the dtype of the member's tensor and fixes its item size
+        in the byte layout. C++ spellings (`float`, `double`, `int`, `int32_t`, ...) get a hint
+        naming the soagen dtype. Blocks that bind the member are checked once the dtype is fixed.
+
+        Gives SOA101:
+
+            layout Hits { column float x }
+
+        Fixed:
+
+            layout Hits { column float32 x }
+        """
+    ),
+    "SOA102": _text(
+        """
+        A binding names a layout that is declared neither in its file nor in a file that file
+        imports (directly or through other imports). Names are case-sensitive. Fix the spelling
+        (the hint names a close layout), declare the layout, or import the file that declares it.
+
+        Gives SOA102:
+
+            layout Nodes { column float32 x }
+            layout Scores { column float32 s }
+            model M { input features = Node{x}  output scores = Scores{s} }
+
+        Fixed:
+
+            layout Nodes { column float32 x }
+            layout Scores { column float32 s }
+            model M { input features = Nodes{x}  output scores = Scores{s} }
+        """
+    ),
+    "SOA103": _text(
+        """
+        A block `Layout{...}` names a member its layout does not declare: a typo, or a member of
+        another layout. Fix the name (the hint names the closest member of the layout), or add
+        the member to the layout.
+
+        Gives SOA103:
+
+            layout Nodes { column float32 x, y }
+            layout Scores { column float32 s }
+            model M { input features = Nodes{x, yy}  output scores = Scores{s} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            layout Scores { column float32 s }
+            model M { input features = Nodes{x, y}  output scores = Scores{s} }
+        """
+    ),
+    "SOA104": _text(
+        """
+        Two layouts or models of one file have the same name. Layouts and models share one
+        namespace: each becomes a class of the generated module, named as declared. Rename one
+        of them. The same name declared in two different files is SOA403.
+
+        Gives SOA104:
+
+            layout Hits { column float32 x }
+            layout Hits { column float32 y }
+
+        Fixed:
+
+            layout Hits { column float32 x }
+            layout Clusters { column float32 y }
+        """
+    ),
+    "SOA105": _text(
+        """
+        A layout declares one member name twice, as two columns or as a column and a scalar.
+        Each member becomes a property of the generated class and a key of `MEMBERS` and
+        `offsets(n)`, so member names are unique within a layout. Rename or remove one of them.
+
+        Gives SOA105:
+
+            layout Hits { column float32 x, y  scalar float32 x }
+
+        Fixed:
+
+            layout Hits { column float32 x, y  scalar float32 x0 }
+        """
+    ),
+    "SOA106": _text(
+        """
+        A model declares two bindings of one name, say an input and an output. A binding's name
+        identifies its tensor in the model's `INPUTS` and `OUTPUTS`, in the mapping the generated
+        `__call__` passes to `run`, and in the layout's `BLOCKS`, so binding names are unique
+        within a model. Rename one of them.
+
+        Gives SOA106:
+
+            layout Nodes { column float32 x }
+            layout Scores { column float32 s }
+            model M { input features = Nodes{x}  output features = Scores{s} }
+
+        Fixed:
+
+            layout Nodes { column float32 x }
+            layout Scores { column float32 s }
+            model M { input features = Nodes{x}  output scores = Scores{s} }
+        """
+    ),
+    "SOA107": _text(
+        """
+        A name cannot be used in the generated Python: it is not ASCII, it starts with `_`
+        (reserved for the generated code), it is a Python keyword (`class`, `lambda`, `None`, ...;
+        soft keywords such as `type` and `match` are allowed), or it is an attribute every
+        generated class already has: `size`, `buffer`, `allocate`, `view`, ... for members, `run`,
+        `load`, `backend`, ... for bindings (the lists are in soagen/names.py). Rename it.
+
+        Gives SOA107:
+
+            layout Tracks { column int32 size }
+
+        Fixed:
+
+            layout Tracks { column int32 n_hits }
+        """
+    ),
+    "SOA108": _text(
+        """
+        A name would collide with one the generated module itself uses. A layout or model named
+        `annotations`, `dict`, `int`, `property`, `staticmethod`, `str` or `tuple` would hide that
+        builtin in the whole module, and a member named `property` or `staticmethod` the decorator
+        in its class. A file whose name cannot be a Python module name (`my-schema.soa`, `2d.soa`,
+        `class.soa`) gets it too: the generated module is named after the file. Rename the
+        declaration, or the file (letters, digits and `_`, not starting with a digit).
+
+        Gives SOA108:
+
+            layout Cells { column uint8 property }
+
+        Fixed:
+
+            layout Cells { column uint8 quality }
+        """
+    ),
+    "SOA109": _text(
+        """
+        A layout has more than one `align` statement. One alignment holds for the whole layout
+        (it pads every member), and picking either statement silently could give a byte layout
+        other than the C++ producer's. Keep one `align`.
+
+        Gives SOA109:
+
+            layout Hits { align 128  column float32 x  align 64 }
+
+        Fixed:
+
+            layout Hits { align 128  column float32 x }
+        """
+    ),
+    "SOA110": _text(
+        """
+        A layout has no members, or a model has no input or no output. An empty layout describes
+        no data, and a model's generated `__call__` takes its input collections and writes into
+        its output collections, so it needs at least one of each. Add the missing members or
+        bindings, or remove the declaration.
+
+        Gives SOA110:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x}  output scores = Nodes{y} }
+        """
+    ),
+    "SOA201": _text(
+        """
+        A layout's `align` is not a power of two (or is zero or negative). As in CMSSW's
+        GENERATE_SOA_LAYOUT, every member starts at a multiple of the alignment and its pitch is
+        rounded up to one, and alignments there are powers of two (128 by default, as in soagen).
+        Write the power of two the C++ producer uses, so that the byte layouts agree.
+
+        Gives SOA201:
+
+            layout Hits { align 100  column float32 x }
+
+        Fixed:
+
+            layout Hits { align 128  column float32 x }
+        """
+    ),
+    "SOA202": _text(
+        """
+        A layout's `align` is smaller than the item size of one of its dtypes, e.g. `align 4`
+        with a float64 member: members would start at addresses not aligned for their own dtype,
+        and so would the tensor views of them. Use at least the largest item size (the hint
+        gives it). The item size is the dtype's, whatever the shape of an array column.
+
+        Gives SOA202:
+
+            layout Hits { align 4  column float64 energy }
+
+        Fixed:
+
+            layout Hits { align 8  column float64 energy }
+        """
+    ),
+    "SOA203": _text(
+        """
+        An array column has an extent of zero or less (`float32[0]`, `float32[3, -1]`), or a
+        scalar has an array shape. Each element of an array column holds prod(shape) values, so
+        every extent is at least 1. A scalar holds exactly one value per collection; for several
+        values per element declare an array column.
+
+        Gives SOA203:
+
+            layout Tracks { column float32[0] covariance }
+
+        Fixed:
+
+            layout Tracks { column float32[5, 5] covariance }
+        """
+    ),
+    "SOA204": _text(
+        """
+        A number is too large to be meant: a literal of more than 30 digits, an `align` above
+        1048576 (2**20) bytes, or an array column of more than 16777216 (2**24) values per
+        element. The generated arithmetic would still work, but such a schema is almost always a
+        typo, and its buffers would be huge. Fix the number.
+
+        Gives SOA204:
+
+            layout Images { column float32[4096, 8192] pixels }
+
+        Fixed:
+
+            layout Images { column float32[64, 64] pixels }
+        """
+    ),
+    "SOA301": _text(
+        """
+        The members of a block have different dtypes. A block is passed to the model as one
+        tensor, a strided view of the buffer, and one tensor has one dtype, so it cannot span a
+        float32 and an int32 column. Bind such columns as separate inputs, one block per dtype.
+
+        Gives SOA301:
+
+            layout Nodes { column float32 x, y  column int32 id }
+            model M { input features = Nodes{x, y, id}  output scores = Nodes{x} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y  column int32 id }
+            model M {
+                input features = Nodes{x, y}
+                input ids = Nodes{id}
+                output scores = Nodes{x}
+            }
+        """
+    ),
+    "SOA302": _text(
+        """
+        The members of a block share a dtype but not an array shape (`float32 x` and
+        `float32[3] v`, or `float32[3]` and `float32[4]`). A block is one strided view with one
+        shape per element, and an array column's values are spread over several padded rows of
+        the buffer, unlike a plain column's, so the two cannot form one tensor. Bind them as
+        separate inputs.
+
+        Gives SOA302:
+
+            layout Tracks { column float32 pt  column float32[3] momentum }
+            model M { input features = Tracks{pt, momentum}  output scores = Tracks{pt} }
+
+        Fixed:
+
+            layout Tracks { column float32 pt  column float32[3] momentum }
+            model M {
+                input pt = Tracks{pt}
+                input momentum = Tracks{momentum}
+                output scores = Tracks{pt}
+            }
+        """
+    ),
+    "SOA303": _text(
+        """
+        The columns of a block are not adjacent: the layout declares other members between them.
+        A block reaches the model as one `as_strided` view of the buffer without a copy; columns
+        of one dtype lie one pitch apart, so they form one [n, c] tensor only when nothing lies
+        between them. Reorder the layout so the block's columns are adjacent, or bind them as
+        separate inputs. Reordering changes the byte layout: change the C++ GENERATE_SOA_LAYOUT
+        the same way (`soagen breaking` reports the moved offsets).
+
+        Gives SOA303:
+
+            layout Nodes { column float32 x  column int32 id  column float32 y }
+            model M { input features = Nodes{x, y}  output scores = Nodes{x} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y  column int32 id }
+            model M { input features = Nodes{x, y}  output scores = Nodes{x} }
+        """
+    ),
+    "SOA304": _text(
+        """
+        A block lists adjacent columns in another order than the layout declares them
+        (`Nodes{y, x}` where `x` comes first). The strided view walks the columns in buffer
+        order, so the `c` axis of the tensor follows declaration order; any other order would
+        need a copy. Write the members in declaration order, or reorder the layout's columns (a
+        change of byte layout) if the model needs another order.
+
+        Gives SOA304:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{y, x}  output scores = Nodes{x} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x, y}  output scores = Nodes{x} }
+        """
+    ),
+    "SOA305": _text(
+        """
+        A block names one member twice (`Nodes{x, x}`). A view of the buffer sees each column
+        once, so it cannot hold one twice without a copy. Name each member once, and repeat
+        the values inside the model if it needs them twice.
+
+        Gives SOA305:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x, x}  output scores = Nodes{y} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x}  output scores = Nodes{y} }
+        """
+    ),
+    "SOA306": _text(
+        """
+        A block mixes columns and scalars. A column holds n values and its view steps through
+        them; a scalar holds one value per collection in its own padded slot, and its view
+        broadcasts that value over n (stride 0). The two cannot be one strided view. Bind the
+        scalars as a block of their own.
+
+        Gives SOA306:
+
+            layout Hits { column float32 x  scalar float32 bfield }
+            model M { input features = Hits{x, bfield}  output scores = Hits{x} }
+
+        Fixed:
+
+            layout Hits { column float32 x  scalar float32 bfield }
+            model M {
+                input features = Hits{x}
+                input bfield = Hits{bfield}
+                output scores = Hits{x}
+            }
+        """
+    ),
+    "SOA307": _text(
+        """
+        The `as [...]` axis list does not describe the block. Its axes are `n` (the elements,
+        required), `c` (the block's members, required when there are several) and the array
+        extents written as their sizes in declared order (`as [n, 20, 100]` for
+        `float32[20, 100]`); `n` and `c` appear once each, in any order (`as [c, n]` transposes
+        the view). Fix the list, or leave out `as [...]` for the default `[n, c, extents...]`.
+
+        Gives SOA307:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x, y} as [n]  output scores = Nodes{x} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            model M { input features = Nodes{x, y} as [n, c]  output scores = Nodes{x} }
+        """
+    ),
+    "SOA308": _text(
+        """
+        Two models of one file bind one name to different blocks of the same layout (other
+        members or other axes). The generated layout class lists the blocks of the file's models
+        in `BLOCKS`, keyed by binding name, so a name means one block per layout. Rename one of
+        the bindings, or let both bind the same block (for several members, `as [n, c]` and no
+        `as` are the same block).
+
+        Gives SOA308:
+
+            layout Nodes { column float32 x, y }
+            model A { input features = Nodes{x, y}  output scores = Nodes{x} }
+            model B { input features = Nodes{x}  output y = Nodes{y} }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            model A { input features = Nodes{x, y}  output scores = Nodes{x} }
+            model B { input x = Nodes{x}  output y = Nodes{y} }
+        """
+    ),
+    "SOA309": _text(
+        """
+        An output binds scalars. The model writes one value per element into an output, but a
+        scalar holds one value per collection (its view has stride 0 along n), so every
+        element's result would land on that one value. Declare the output members as columns;
+        scalars can only be inputs.
+
+        Gives SOA309:
+
+            layout Hits { column float32 x  scalar float32 score }
+            model M { input features = Hits{x}  output scores = Hits{score} }
+
+        Fixed:
+
+            layout Hits { column float32 x, score }
+            model M { input features = Hits{x}  output scores = Hits{score} }
+        """
+    ),
+    "SOA401": _text(
+        """
+        An `import` names a file that cannot be read: it does not exist, it is not a regular
+        file, it is not UTF-8 text, or the path is empty or holds a NUL character. Import paths
+        are relative to the importing file, not to the working directory. Fix the path or create
+        the file; `import "../common/tracks.soa"` reaches a sibling folder.
+
+        Gives SOA401:
+
+            import "no_such_file.soa"
+        """
+    ),
+    "SOA402": _text(
+        """
+        Imports form a cycle: `a.soa` imports `b.soa`, which imports `a.soa` (or a file imports
+        itself). Each file's module imports the modules of the files it imports, which must exist
+        first, so a cycle cannot be generated. Move the layouts both files need into a third
+        file that both import, and remove the import that closes the cycle.
+        """
+    ),
+    "SOA403": _text(
+        """
+        Two files of one schema (a file and every file it imports, directly or not) declare the
+        same layout or model name, or would generate modules of one name (`tracks/common.soa`
+        and `vertices/common.soa` both give `common`). Generated modules import each other's
+        classes by name, so names are unique across the files of a schema. Rename one of the
+        declarations or files.
+        """
+    ),
 }
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from soagen.diagnostics import CODES, EXPLANATIONS
+
 from .helpers import REPO, run_cli
 
 WORKED_EXAMPLE = """
@@ -196,6 +198,8 @@ def test_empty_paths_are_usage_errors(in_tmp: Path, args: list[str], named: str)
 def test_explain_and_help_examples() -> None:
     status, out, _ = run_cli("explain", "soa303")
     assert status == 0 and out.startswith("SOA303: ")
+    assert out == f"SOA303: {CODES['SOA303']}\n\n{EXPLANATIONS['SOA303']}\n"
+    assert "Gives SOA303:" in out and "Fixed:" in out
     for command in ("generate", "show", "check", "explain"):
         result = subprocess.run(
             [sys.executable, "-m", "soagen", command, "--help"],
@@ -204,6 +208,18 @@ def test_explain_and_help_examples() -> None:
             cwd=REPO,
         )
         assert result.returncode == 0 and "example:" in result.stdout, command
+
+
+def test_explain_json() -> None:
+    status, out, _ = run_cli("explain", "SOA303", "--format", "json")
+    assert status == 0
+    assert json.loads(out) == {
+        "code": "SOA303",
+        "summary": CODES["SOA303"],
+        "explanation": EXPLANATIONS["SOA303"],
+    }
+    status, out, _ = run_cli("explain", "LAYOUT_UNUSED", "--format", "json")
+    assert status == 0 and set(json.loads(out)) == {"code", "summary"}
 
 
 def test_cli_never_imports_torch_or_numpy(tmp_path: Path) -> None:
