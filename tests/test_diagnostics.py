@@ -803,7 +803,7 @@ def test_rendered_form(tmp_path: Path) -> None:
     path = result.diagnostics[0].span.path
     assert path.endswith("schema.soa")
     assert render_text(result.diagnostics, result.sources).splitlines() == [
-        f"{path}:7:21: error[SOA303]: block `Nodes{{x, y, z}}` is not zero-copy: `id` lie between"
+        f"{path}:7:21: error[SOA303]: block `Nodes{{x, y, z}}` is not zero-copy: `id` lies between"
         " its columns",
         "7 |     input a = Nodes{x, y, z}",
         "                        ^",

@@ -308,7 +308,8 @@ def _check_block(binding: Binding, layout: Layout) -> list[Diagnostic]:
             Diagnostic(
                 "SOA303",
                 f"block `{layout.name}{{{block_text}}}` is not zero-copy: "
-                f"{', '.join(f'`{n}`' for n in between)} lie between its columns",
+                f"{', '.join(f'`{n}`' for n in between)} "
+                f"{'lies' if len(between) == 1 else 'lie'} between its columns",
                 binding.member_spans[0],
                 f"reorder the columns of {layout.name} so that {block_text} are adjacent",
             )
