@@ -298,6 +298,13 @@ def test_one_package_from_eight_threads(
     assert not failures, failures[0]
 
 
+def test_a_package_refuses_contiguous_copies(gnn: ModuleType, gnn_package: Path) -> None:
+    # It was exported for the views' strides; a row-major copy would fail its stride check at
+    # every call with a message about exported strides.
+    with pytest.raises(BindingError, match="compiled for the collections' strided views"):
+        gnn.EdgeClassifier.load(gnn_package, contiguous=["edge_features"])
+
+
 def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> None:
     compiled = gnn.EdgeClassifier.load(gnn_package)
     assert dict(compiled._backend.index_bounds) == {"edge_index": "node_features"}

@@ -108,6 +108,12 @@ class ModelBinding:
                 f"contiguous: {type(self).NAME} has no input {name!r}; its inputs are "
                 f"{', '.join(inputs)}"
             )
+        if self.contiguous and self._backend.kind == "aot":
+            raise BindingError(
+                f"contiguous: {self._backend.description} was compiled for the collections' "
+                f"strided views and reads them in place; a contiguous copy has other strides, "
+                f"which it does not take. Leave contiguous= out"
+            )
 
     @classmethod
     def load(
