@@ -522,10 +522,9 @@ def _inputs_written(
         with _torch_deprecations_ignored():
             signature = exported.run_decompositions({}).graph_signature
     except Exception as error:
-        first = str(error).strip().splitlines()[:6]
         raise CompileError(
             f"torch.export cannot put the model for {binding.NAME} in functional form (to find "
-            f"the inputs it writes): {type(error).__name__}: " + "\n".join(first)
+            f"the inputs it writes): {_torch_error(error)}"
         ) from error
     positions = {str(name): i for i, name in enumerate(signature.user_inputs)}
     mutated = {positions[str(name)] for name in signature.user_inputs_to_mutate.values()}
@@ -603,11 +602,9 @@ def _export(
         with patch(use_duck_shape=False, backed_size_oblivious=True):
             return torch.export.export(model, arguments, dynamic_shapes=(tuple(dynamic),))
     except Exception as error:
-        first = str(error).strip().splitlines()[:6]
         raise CompileError(
             f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
-            f"({_describe_inputs(binding, inputs[: len(binding.INPUTS)])}): "
-            f"{type(error).__name__}: " + "\n".join(first)
+            f"({_describe_inputs(binding, inputs[: len(binding.INPUTS)])}): {_torch_error(error)}"
         ) from error
 
 
@@ -647,10 +644,16 @@ def _compile(
                 inductor_configs={"aot_inductor.metadata": {METADATA_KEY: json.dumps(metadata)}},
             )
     except Exception as error:
-        first = str(error).strip().splitlines()[:6]
         raise CompileError(
-            f"AOTInductor cannot compile the model: {type(error).__name__}: " + "\n".join(first)
+            f"AOTInductor cannot compile the model: {_torch_error(error)}"
         ) from error
+
+
+def _torch_error(error: Exception) -> str:
+    """An error torch raised, as a CompileError quotes it: its type and first six lines (torch's
+    messages go on with long guides and graph dumps)."""
+    first = str(error).strip().splitlines()[:6]
+    return f"{type(error).__name__}: " + "\n".join(first)
 
 
 def _verify(

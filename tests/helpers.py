@@ -9,8 +9,10 @@ import json
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from soagen.cli import main
 from soagen.dsl.loader import load
@@ -108,3 +110,18 @@ def serve_ready(process: subprocess.Popen[str]) -> dict[str, object] | None:
             ready: dict[str, object] = json.loads(line)
             return ready
     return None
+
+
+def assert_no_host_device_copies(call: Callable[[], object], stream: Any) -> None:
+    """Profile `call`, which queues its work on the CUDA `stream`, and check that the GPU ran it
+    with no host<->device copy. The profiler must have seen device events at all: without CUPTI it
+    records none, copies included."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        call()
+    stream.synchronize()
+    events = profile.events()
+    assert [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert not [e.name for e in events if "Memcpy HtoD" in e.name or "Memcpy DtoH" in e.name]
