@@ -9,7 +9,10 @@ It starts `soagen serve` as a subprocess on free loopback ports (CPU), then time
 checks that every remote result equals the local one bit for bit, and reports the input bytes each
 request carries and the bytes the client copied (`stats.bytes_copied` per call: the goal is one copy
 of each input block). A second table runs many client threads at once at a small n and reads the
-server's statistics: how many Triton executions served how many events.
+server's statistics: how many Triton executions served how many events. Where a CUDA device is
+present, a third table sends collections that live on the GPU (the server still runs the model on
+CPU) and counts what the client copied per request and how much of it went to host memory: zero
+through a CUDA shared-memory region (needs `tritonclient[cuda]`), one copy of each block otherwise.
 
 Client and server share the machine (2 cores here): remote timings include the server's work and
 its contention with the client, and vary by some 10-20 % from run to run.
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.timing import samples  # noqa: E402
 from examples.gnn_model import INDEX_BOUNDS, build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
+from soagen.serving.client import RemoteBinding  # noqa: E402
 from tests.helpers import serve_gnn_command, serve_ready  # noqa: E402
 
 
@@ -113,6 +117,53 @@ def latency_table(url: str, token: str, sizes: list[int], repeats: int) -> list[
     return rows
 
 
+def synchronized(model: EdgeClassifier, nodes: Nodes, edges: Edges, out: EdgeScores) -> None:
+    """One call on GPU collections, timed to the end of its GPU work."""
+    model(nodes, edges, out=out)
+    torch.cuda.synchronize()
+
+
+def gpu_table(url: str, token: str, sizes: list[int], repeats: int) -> list[str]:
+    """Collections on the GPU, sent by a remote binding: latency against the local binding on the
+    GPU, and the bytes copied per request (all of them, and those to host memory)."""
+    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    remote = EdgeClassifier.remote(url, access_token=token, timeout=60)
+    assert isinstance(remote, RemoteBinding)
+    rows = [
+        "| n edges | input MB | local cuda ms | remote ms | remote / local | CUDA shm "
+        "| copied per request | of it to host |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        host_nodes, host_edges = event(n, n)
+        nodes, edges = host_nodes.to("cuda"), host_edges.to("cuda")
+        expected = EdgeScores.allocate(n, device="cuda", zero=True)
+        local(nodes, edges, out=expected)
+        out = EdgeScores.allocate(n, device="cuda", zero=True)
+        count = max(3, repeats if n <= 100_000 else repeats // 3)
+        local_ms = median_ms(functools.partial(synchronized, local, nodes, edges, expected), count)
+        calls, copied, to_host = (
+            remote.stats.calls,
+            remote.stats.bytes_copied,
+            remote.stats.bytes_to_host,
+        )
+        remote_ms = median_ms(functools.partial(synchronized, remote, nodes, edges, out), count)
+        torch.testing.assert_close(out.score, expected.score, rtol=1e-5, atol=1e-6)
+        per_call = max(1, remote.stats.calls - calls)
+        input_bytes = nodes.size * 16 + edges.size * 24
+        rows.append(
+            f"| {n:.0e} | {input_bytes / 1e6:.2f} | {local_ms:.2f} | {remote_ms:.2f} "
+            f"| {remote_ms / local_ms:.1f} | {'yes' if remote.uses_cuda_shared_memory else 'no'} "
+            f"| {(remote.stats.bytes_copied - copied) / per_call / input_bytes:.2f}x "
+            f"| {(remote.stats.bytes_to_host - to_host) / per_call / input_bytes:.2f}x |"
+        )
+        print(rows[-1], flush=True)
+    if remote.cuda_shared_memory_refusal:
+        rows.append(f"\nCUDA shared memory refused: {remote.cuda_shared_memory_refusal}")
+    remote.close()
+    return rows
+
+
 def concurrency_table(url: str, token: str, n: int, threads: int, per_thread: int) -> list[str]:
     events = [event(n, 10_000 + k) for k in range(threads)]
     rows = [
@@ -120,6 +171,7 @@ def concurrency_table(url: str, token: str, n: int, threads: int, per_thread: in
         "|---|---|---|---|---|---|---|",
     ]
     remote = EdgeClassifier.remote(url, access_token=token, timeout=60)
+    assert isinstance(remote, RemoteBinding)
     for nodes, edges in events:  # warm the path
         remote(nodes, edges, out=EdgeScores.allocate(edges.size))
     before = remote.server_statistics()
@@ -163,6 +215,11 @@ def main() -> None:
             print("\n" + "\n".join(rows) + "\n")
             threads, per_thread = (8, 5) if options.quick else (32, 20)
             print("\n".join(concurrency_table(url, token, 1_000, threads, per_thread)))
+            if torch.cuda.is_available():
+                print("\nCollections on the GPU (the server runs the model on CPU):\n")
+                print("\n".join(gpu_table(url, token, sizes, repeats)))
+            else:
+                print("\nNo CUDA device: the GPU table was skipped")
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(60)

@@ -26,6 +26,7 @@ from soagen.serving.wire import wire_tensor
 from .helpers import (
     REPO,
     SERVE_GNN,
+    assert_no_host_device_copies,
     free_ports,
     modules_imported_by,
     run_cli,
@@ -255,7 +256,15 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
 
     import numpy as np
 
-    from soagen.serving.client import _copy_into, _declared_tensor, _host_array, _wire_source
+    from soagen.runtime.buffers import tensor_of
+    from soagen.serving.client import (
+        _copy_into,
+        _cuda_shared_memory,
+        _CudaRegion,
+        _declared_tensor,
+        _host_array,
+        _wire_source,
+    )
 
     module = generated_from_text(_ODD_BLOCKS)
     hits = module.Hits.allocate(37, zero=True)
@@ -285,6 +294,18 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
         finally:
             region.close()
             region.unlink()
+        if device == "cuda" and _cuda_shared_memory() is not None:
+            # The same block through a CUDA shared-memory region: copied and read on the GPU.
+            on_gpu = _CudaRegion("soagen_test", expected.nbytes + 64, on_device.device)
+            try:
+                on_gpu.write(64, source, wire)
+                on_gpu.settle()
+                shape = tuple(int(size) for size in source.shape)
+                assert torch.equal(
+                    on_gpu.read(64, shape, wire).cpu(), tensor_of(expected, wire.dtype)
+                )
+            finally:
+                on_gpu.destroy()
 
 
 def test_remote_arguments_are_checked_before_any_connection() -> None:
@@ -346,6 +367,36 @@ def test_round_trip_equals_local_execution(
         # Each input block is copied once: into shared memory, or into the request's bytes.
         assert stats.bytes_copied == copied
         assert stats.bytes_shared == (copied if shared_memory else 0)
+        assert stats.bytes_to_host == 0
+
+
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_collections_travel_through_cuda_shared_memory(
+    server: Served, local: EdgeClassifier
+) -> None:
+    from soagen.serving.client import _cuda_shared_memory
+
+    if _cuda_shared_memory() is None:
+        pytest.skip(
+            "tritonclient's CUDA utilities need cuda-python: pip install tritonclient[cuda]"
+        )
+    with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
+        copied = 0
+        for seed, (nodes_n, edges_n) in enumerate([(1, 1), (33, 100), (1000, 5000)]):
+            nodes, edges = _event(nodes_n, edges_n, seed)
+            out = EdgeScores.allocate(edges_n, device="cuda", zero=True)
+            remote(nodes.to("cuda"), edges.to("cuda"), out=out)
+            assert remote.uses_cuda_shared_memory, remote.cuda_shared_memory_refusal
+            assert torch.equal(out.score.cpu(), _expected(local, nodes, edges))
+            copied += _block_bytes(nodes, edges)
+        # Each block is copied once, on the GPU, into the region the server reads.
+        stats = remote.stats
+        assert (stats.bytes_copied, stats.bytes_shared, stats.bytes_to_host) == (copied, copied, 0)
+        nodes, edges = (collection.to("cuda") for collection in _event(2_000, 20_000, 9))
+        out = EdgeScores.allocate(edges.size, device="cuda")
+        stream = torch.cuda.current_stream()
+        assert_no_host_device_copies(lambda: remote(nodes, edges, out=out), stream)
 
 
 @needs_triton

@@ -17,15 +17,21 @@ each input block is copied once, from the collection's buffer into a system shar
 registered with the server (a `memcpy` per member column), and the server writes the outputs into
 the same region: nothing else crosses the socket but the request's description. Without it, each
 block is copied once into the request's bytes (NumPy's `tobytes`), which gRPC then serialises.
-Collections on a GPU are copied to host memory in that same one copy (CUDA shared memory, which
-would spare it, is not used yet). `stats.bytes_copied` counts what the client copies.
+Collections on a GPU use a CUDA shared-memory region on their GPU instead (`_CudaRegion`): each block
+is copied there on the GPU, on the caller's current stream, which is synchronised before the request
+goes (the server reads the region on its own streams); the server writes the outputs there, and they
+are copied into the output collection on the GPU. That needs tritonclient's CUDA utilities
+(`cuda-python`) and a server that accepts the region (GPU-enabled, on this host); where either is
+missing, GPU blocks are copied to host memory in that same one copy. `stats.bytes_copied` counts
+what the client copies, `stats.bytes_to_host` what of it went from a GPU to host memory.
 
 Shared-memory regions are registered once and reused across calls: one per call in flight, grown
 when a call needs more, unregistered and removed by `close()` (or when the object is collected).
 PyTriton's server guards registration with its access token (`access_token=`, which `soagen serve`
 writes to `--token-file`); when registration is refused, or the server cannot open the region (it
 runs in another container, say), a client that asked for shared memory by default (`None`) sends
-the blocks in the request instead, and one that asked for it (`True`) raises.
+the blocks in the request instead, and one that asked for it (`True`) raises. A refused CUDA region
+is not an error: that call's blocks go in the request, and later calls use host memory.
 
 Failures. Each attempt waits at most `timeout` seconds. An unreachable server, a connection lost
 mid-request or a timeout is retried up to `retries` times with a growing pause (50 ms, 100 ms, ...
@@ -97,7 +103,8 @@ class RemoteStats:
     fallbacks: int = 0  # runs done by the local fallback model
     writes: int = 0  # runs whose outputs were written from a validated server response
     bytes_copied: int = 0  # input bytes the client copied: into shared memory or into requests
-    bytes_shared: int = 0  # of those, the bytes copied into shared memory
+    bytes_shared: int = 0  # of those, the bytes copied into shared memory (system or CUDA)
+    bytes_to_host: int = 0  # of those, the bytes copied from a GPU to host memory
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -109,6 +116,8 @@ class RemoteStats:
 class _Region:
     """One system shared-memory region, registered with the server under `name`."""
 
+    device: torch.device | None = None  # where the region's memory is: None for host memory
+
     def __init__(self, prefix: str, size: int) -> None:
         from multiprocessing.shared_memory import SharedMemory
 
@@ -118,6 +127,33 @@ class _Region:
         self.memory: SharedMemory = SharedMemory(name=self.name, create=True, size=size)
         self.key = f"/{self.memory.name.lstrip('/')}"
         self.registered_in = -1  # the pool generation it was registered in
+
+    def register(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
+        client.register_system_shared_memory(
+            self.name, self.key, self.size, headers=headers, client_timeout=timeout
+        )
+
+    def unregister(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
+        client.unregister_system_shared_memory(self.name, headers=headers, client_timeout=timeout)
+
+    def write(self, offset: int, source: _Source, wire: WireTensor) -> None:
+        """The one copy of a block: into the region, in wire order."""
+        _copy_into(self.memory, offset, source, wire)
+
+    def settle(self) -> None:
+        """Wait for the copies queued into or out of the region (host copies are done when they
+        return)."""
+
+    def read(self, offset: int, shape: tuple[int, ...], wire: WireTensor) -> torch.Tensor:
+        """A tensor in wire order over the bytes the server wrote at `offset`."""
+        import numpy as np
+
+        from soagen.runtime.buffers import tensor_of
+
+        array: NDArray[typing.Any] = np.ndarray(
+            shape, dtype=np.dtype(wire.numpy_dtype), buffer=self.memory.buf, offset=offset
+        )
+        return tensor_of(array, wire.dtype)
 
     def destroy(self) -> None:
         try:
@@ -130,6 +166,94 @@ class _Region:
             pass
 
 
+class _CudaRegion(_Region):
+    """One CUDA shared-memory region: device memory of its own (`cudaMalloc`, through
+    tritonclient's CUDA utilities), which the server maps from its IPC handle. A block is copied
+    into it on the GPU, and the server writes the outputs there: nothing goes through host memory
+    on the client's side."""
+
+    def __init__(self, prefix: str, size: int, device: torch.device) -> None:
+        number = next(_region_numbers)
+        self.name = f"{prefix}_cuda_{number}"
+        self.size = size
+        self.device = device
+        self.registered_in = -1
+        self.utilities = _cuda_shared_memory()
+        assert self.utilities is not None, "only made where tritonclient's CUDA utilities load"
+        self.index = device.index if device.index is not None else 0
+        self.handle: typing.Any = self.utilities.create_shared_memory_region(
+            self.name, size, self.index
+        )
+
+    def register(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
+        client.register_cuda_shared_memory(
+            self.name,
+            self.utilities.get_raw_handle(self.handle),
+            self.index,
+            self.size,
+            headers=headers,
+            client_timeout=timeout,
+        )
+
+    def unregister(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
+        client.unregister_cuda_shared_memory(self.name, headers=headers, client_timeout=timeout)
+
+    def write(self, offset: int, source: _Source, wire: WireTensor) -> None:
+        import torch
+
+        from soagen.runtime.buffers import tensor_of
+
+        shape = tuple(int(size) for size in source.shape)
+        block = source if isinstance(source, torch.Tensor) else tensor_of(source, wire.dtype)
+        # Queued on the caller's current stream, after the work that made the block.
+        self.read(offset, shape, wire).copy_(block)
+
+    def settle(self) -> None:
+        # Queued on the caller's current stream; the server reads and writes the region on its own
+        # streams, and the pool hands it to the next call.
+        import torch
+
+        torch.cuda.current_stream(self.device).synchronize()
+
+    def read(self, offset: int, shape: tuple[int, ...], wire: WireTensor) -> torch.Tensor:
+        import torch
+
+        from soagen.runtime.buffers import typed_view
+
+        nbytes = _nbytes(shape, wire)
+        span = torch.as_tensor(
+            _DeviceBytes(int(self.handle._base_addr) + offset, nbytes), device=self.device
+        )
+        return typed_view(span, wire.dtype).view(shape)
+
+    def destroy(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            self.utilities.destroy_shared_memory_region(handle)  # cudaFree when `handle` goes
+
+
+class _DeviceBytes:
+    """`nbytes` bytes of device memory at `pointer`, for `torch.as_tensor` (no copy)."""
+
+    def __init__(self, pointer: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (pointer, False),
+            "version": 2,
+        }
+
+
+def _cuda_shared_memory() -> typing.Any:
+    """tritonclient's CUDA shared-memory utilities, or None where they cannot load (they need
+    `cuda-python`: `pip install 'tritonclient[cuda]'`)."""
+    try:
+        import tritonclient.utils.cuda_shared_memory as utilities
+    except (ImportError, RuntimeError):
+        return None
+    return utilities
+
+
 class _RegionPool:
     """Regions free for the next call; a call holds one region for its inputs and outputs."""
 
@@ -140,20 +264,27 @@ class _RegionPool:
         self.generation = 0  # bumped when the server may have forgotten its registrations
         self.lock = threading.Lock()
 
-    def take(self, size: int) -> tuple[_Region, _Region | None]:
-        """A region of at least `size` bytes, and a free region too small that it replaces."""
+    def take(self, size: int, device: torch.device | None) -> tuple[_Region, _Region | None]:
+        """A region of at least `size` bytes in host memory (`device` None) or on a GPU, and a
+        free region there too small that it replaces."""
         with self.lock:
-            fitting = [region for region in self.free if region.size >= size]
+            there = [region for region in self.free if region.device == device]
+            fitting = [region for region in there if region.size >= size]
             if fitting:
                 region = min(fitting, key=lambda r: r.size)
                 self.free.remove(region)
                 return region, None
-            replaced = self.free.pop() if self.free else None
-            if replaced is not None:
-                self.all.remove(replaced)
             grown = -(-size // _REGION_GRANULE) * _REGION_GRANULE
-            region = _Region(self.prefix, grown)
+            region = (
+                _Region(self.prefix, grown)
+                if device is None
+                else _CudaRegion(self.prefix, grown, device)
+            )
             self.all.append(region)
+            replaced = there[-1] if there else None
+            if replaced is not None:
+                self.free.remove(replaced)
+                self.all.remove(replaced)
             return region, replaced
 
     def give_back(self, region: _Region) -> None:
@@ -239,6 +370,9 @@ class RemoteBinding(ModelBinding):
             shared_memory if shared_memory is not None else _is_loopback(self.url)
         )
         self._headers = {_ACCESS_HEADER: access_token} if access_token else None
+        # Whether a GPU's data goes through CUDA shared memory: None until the first such call.
+        self._cuda_regions: bool | None = None
+        self.cuda_shared_memory_refusal = ""  # why the server refused it, when it did
         # Everything `run` reads is set as for a local binding; the backend stands in for the server.
         super().__init__(_ServerBackend(self.url, self.model_name), index_bounds=index_bounds)
         self._inputs = wire_tensors(cls.INPUTS)
@@ -268,6 +402,13 @@ class RemoteBinding(ModelBinding):
         """Whether the next call sends its blocks through shared memory."""
         return self._use_shared_memory
 
+    @property
+    def uses_cuda_shared_memory(self) -> bool | None:
+        """Whether calls on a GPU's data send their blocks through CUDA shared memory (else
+        through host memory): None before the first such call; False where tritonclient's CUDA
+        utilities do not load, or the server refused a region (`cuda_shared_memory_refusal`)."""
+        return self._cuda_regions if self._use_shared_memory else False
+
     def __repr__(self) -> str:
         return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
 
@@ -284,12 +425,9 @@ class RemoteBinding(ModelBinding):
             self._idle.wait_for(lambda: self._in_flight == 0)
         if self.fallback is not None:
             self.fallback.close()
-        regions = [region.name for region in self._pool.all if region.registered_in >= 0]
-        for name in regions:
+        for region in [region for region in self._pool.all if region.registered_in >= 0]:
             try:
-                self._client.unregister_system_shared_memory(
-                    name, headers=self._headers, client_timeout=min(self.timeout, 2.0)
-                )
+                region.unregister(self._client, self._headers, min(self.timeout, 2.0))
             except Exception:  # the server may be gone: its registrations went with it
                 break
         self._finalizer()
@@ -328,7 +466,7 @@ class RemoteBinding(ModelBinding):
                     inputs, [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
                 )
             try:
-                with self._remote_results(inputs, targets) as results:
+                with self._remote_results(inputs, targets, device) as results:
                     for target, result in zip(targets, results, strict=True):
                         target.copy_(result)
                 self.stats.add(writes=1)
@@ -357,7 +495,10 @@ class RemoteBinding(ModelBinding):
 
     @contextmanager
     def _remote_results(
-        self, inputs: Mapping[str, Collection], targets: Sequence[torch.Tensor]
+        self,
+        inputs: Mapping[str, Collection],
+        targets: Sequence[torch.Tensor],
+        device: torch.device,
     ) -> Iterator[list[torch.Tensor]]:
         """The server's outputs, checked against the output blocks, as tensors in declared order
         (views of the shared-memory region or of the response, valid inside the block)."""
@@ -379,11 +520,12 @@ class RemoteBinding(ModelBinding):
                     _aligned(_nbytes(target.shape, wire))
                     for target, wire in zip(targets, self._outputs, strict=True)
                 )
-                region = self._take_region(size)
+                region = self._take_region(size, device)
             response, request = self._send(sources, targets, region)
             yield self._read(response, targets, request)
         finally:
             if region is not None:
+                region.settle()
                 self._pool.give_back(region)
 
     def _configure(self) -> None:
@@ -428,8 +570,13 @@ class RemoteBinding(ModelBinding):
             )
             self._configured = True
 
-    def _take_region(self, size: int) -> _Region:
-        region, replaced = self._pool.take(max(size, 1))
+    def _take_region(self, size: int, device: torch.device) -> _Region:
+        """A region for a call on `device`'s data: on that GPU when the client can make CUDA
+        regions and the server has not refused them, else in host memory."""
+        if device.type == "cuda" and self._cuda_regions is None:
+            self._cuda_regions = _cuda_shared_memory() is not None
+        on_gpu = device.type == "cuda" and bool(self._cuda_regions)
+        region, replaced = self._pool.take(max(size, 1), device if on_gpu else None)
         if replaced is not None:
             self._unregister(replaced)
             replaced.destroy()
@@ -439,9 +586,7 @@ class RemoteBinding(ModelBinding):
         if region.registered_in < 0:
             return
         try:
-            self._client.unregister_system_shared_memory(
-                region.name, headers=self._headers, client_timeout=self.timeout
-            )
+            region.unregister(self._client, self._headers, self.timeout)
         except Exception:
             pass  # a server that lost it has nothing to unregister
         region.registered_in = -1
@@ -523,23 +668,20 @@ class RemoteBinding(ModelBinding):
         try:
             if region.registered_in >= 0:  # it may still be registered: a name is taken once
                 try:
-                    self._client.unregister_system_shared_memory(
-                        region.name, headers=self._headers, client_timeout=self.timeout
-                    )
+                    region.unregister(self._client, self._headers, self.timeout)
                 except grpc_error as error:
                     if _is_transient(error):
                         raise
-            self._client.register_system_shared_memory(
-                region.name,
-                region.key,
-                region.size,
-                headers=self._headers,
-                client_timeout=self.timeout,
-            )
+            region.register(self._client, self._headers, self.timeout)
         except grpc_error as error:
             text = _message(error)
             if _is_transient(error):
                 raise
+            if region.device is not None:
+                # A server without GPU support, or on another host: host memory from now on.
+                self._cuda_regions = False
+                self.cuda_shared_memory_refusal = text
+                return False
             if self.shared_memory_requested:
                 hint = (
                     "pass access_token=, the server's token (`soagen serve --token-file`)"
@@ -560,27 +702,32 @@ class RemoteBinding(ModelBinding):
     ) -> _Request:
         """The request's inputs (each block copied once: into the region, or into its bytes) and
         requested outputs (into the region, after the inputs)."""
+        import numpy as np
+
         grpc = self._grpc
         offset = 0
         request = _Request([], [], [] if region is not None else None)
-        copied = shared = 0
+        copied = shared = to_host = 0
         for source, wire in zip(sources, self._inputs, strict=True):
+            on_gpu = not isinstance(source, np.ndarray)  # `_wire_source`: torch for a device
             shape = [int(size) for size in source.shape]
             entry = grpc.InferInput(
                 wire.name, [1, *shape] if wire.batched else shape, wire.datatype
             )
             nbytes = _nbytes(source.shape, wire)
             if region is not None and nbytes:  # Triton takes no empty shared-memory span
-                _copy_into(region.memory, offset, source, wire)
+                region.write(offset, source, wire)
                 entry.set_shared_memory(region.name, nbytes, offset)
                 offset += _aligned(nbytes)
                 shared += nbytes
                 copied += nbytes
+                to_host += nbytes if on_gpu and region.device is None else 0
             else:
                 host, host_copies = _host_array(source, wire)
                 # NumPy's tobytes: the one copy, in wire order.
                 entry.set_data_from_numpy(host[None] if wire.batched else host)
                 copied += nbytes * (1 + host_copies)
+                to_host += nbytes * host_copies
             request.inputs.append(entry)
         for target, wire in zip(targets, self._outputs, strict=True):
             entry = grpc.InferRequestedOutput(wire.name)
@@ -595,8 +742,10 @@ class RemoteBinding(ModelBinding):
             request.outputs.append(entry)
         if self._error_output:
             request.outputs.append(grpc.InferRequestedOutput(ERROR_OUTPUT))  # a few bytes, by gRPC
+        if region is not None:
+            region.settle()
         request.region = region
-        self.stats.add(bytes_copied=copied, bytes_shared=shared)
+        self.stats.add(bytes_copied=copied, bytes_shared=shared, bytes_to_host=to_host)
         return request
 
     def _read(
@@ -634,11 +783,10 @@ class RemoteBinding(ModelBinding):
                     f"written"
                 )
             dtype = np.dtype(wire.numpy_dtype)
-            array: NDArray[typing.Any] | None
+            array: NDArray[typing.Any] | torch.Tensor | None
             offset = None if request.output_offsets is None else request.output_offsets[position]
             if offset is not None and request.region is not None:
-                buffer = request.region.memory.buf
-                array = np.ndarray(expected, dtype=dtype, buffer=buffer, offset=offset)
+                array = request.region.read(offset, expected, wire)
             else:
                 try:
                     array = response.as_numpy(wire.name)
@@ -790,11 +938,15 @@ def _event_error(response: typing.Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _declared_tensor(array: NDArray[typing.Any], wire: WireTensor) -> torch.Tensor:
-    """An output in wire order as a tensor in the block's declared axis order (a view)."""
+def _declared_tensor(values: NDArray[typing.Any] | torch.Tensor, wire: WireTensor) -> torch.Tensor:
+    """An output in wire order (a NumPy array, or a tensor already typed) as a tensor in the
+    block's declared axis order (a view)."""
+    import numpy as np
+
     from soagen.runtime.buffers import tensor_of
 
-    return tensor_of(array, wire.dtype).permute(wire.inverse)
+    tensor = tensor_of(values, wire.dtype) if isinstance(values, np.ndarray) else values
+    return tensor.permute(wire.inverse)
 
 
 def _message(error: Exception) -> str:
