@@ -240,6 +240,7 @@ class _DeviceBytes:
             "shape": (nbytes,),
             "typestr": "|u1",
             "data": (pointer, False),
+            "strides": None,  # C-contiguous
             "version": 2,
         }
 
