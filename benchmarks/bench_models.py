@@ -65,7 +65,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.models import ColumnsFirst, GnnColumnsFirst, build_mlp  # noqa: E402
-from examples.gnn_model import INDEX_BOUNDS  # noqa: E402
 from examples.gnn_model import build_model as build_gnn  # noqa: E402
 from soagen.dsl.loader import load  # noqa: E402
 from soagen.generator.python import generate  # noqa: E402
@@ -248,13 +247,13 @@ def soagen_model(
     backend: str,
     package: Path | None,
     contiguous: tuple[str, ...] = (),
-    index_bounds: dict[str, str] | None = None,
 ) -> Any:
+    """The binding of a path; the schema's `indexes` clauses check index inputs at every call."""
     if backend.startswith("aot"):
         assert package is not None
-        return binding.load(package, contiguous=contiguous)  # bounds come with the package
+        return binding.load(package, contiguous=contiguous)
     model = torch.jit.script(net) if backend == "torchscript" else net
-    return binding(model, backend=backend, contiguous=contiguous, index_bounds=index_bounds)
+    return binding(model, backend=backend, contiguous=contiguous)
 
 
 def package_key(model: str, device: str, backend: str) -> str:
@@ -485,7 +484,6 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             backend,
             tools.packages.get(package_key("gnn", device, backend)),
             contiguous,
-            index_bounds=INDEX_BOUNDS,
         )
 
         def call(model: Any = model) -> None:
@@ -530,10 +528,11 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             case.readers[name], case.written[name] = (lambda: scores.score), [scores.buffer]
 
     null_result = reference.clone()
-    null = module.EdgeClassifier(NullModel(null_result[:2].clone()))
-    null_checked = module.EdgeClassifier(
-        NullModel(null_result[:2].clone()), index_bounds=INDEX_BOUNDS
+    # The schema's `indexes` clause checks edge_index at every call; the bare call turns it off.
+    null = module.EdgeClassifier(
+        NullModel(null_result[:2].clone()), index_bounds={"edge_index": None}
     )
+    null_checked = module.EdgeClassifier(NullModel(null_result[:2].clone()))
     tiny_out = module.EdgeScores.allocate(2, device=device)
     score_block = scores.block("edge_scores")
     blocks = [(nodes, "node_features"), (edges, "edge_index"), (edges, "edge_features")]

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.timing import samples  # noqa: E402
-from examples.gnn_model import INDEX_BOUNDS, build_model  # noqa: E402
+from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
 from soagen.serving.client import RemoteBinding  # noqa: E402
 from tests.helpers import serve_gnn_command, serve_ready  # noqa: E402
@@ -81,7 +81,7 @@ def median_ms(action: Callable[[], object], repeats: int) -> float:
 
 
 def latency_table(url: str, token: str, sizes: list[int], repeats: int) -> list[str]:
-    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    local = EdgeClassifier(build_model())
     plain = EdgeClassifier.remote(url, shared_memory=False, access_token=token, timeout=60)
     shared = EdgeClassifier.remote(url, shared_memory=True, access_token=token, timeout=60)
     rows = [
@@ -126,7 +126,7 @@ def synchronized(model: EdgeClassifier, nodes: Nodes, edges: Edges, out: EdgeSco
 def gpu_table(url: str, token: str, sizes: list[int], repeats: int) -> list[str]:
     """Collections on the GPU, sent by a remote binding: latency against the local binding on the
     GPU, and the bytes copied per request (all of them, and those to host memory)."""
-    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    local = EdgeClassifier(build_model())
     remote = EdgeClassifier.remote(url, access_token=token, timeout=60)
     assert isinstance(remote, RemoteBinding)
     rows = [

@@ -10,11 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-# `edge_index` holds rows of `node_features`: soagen checks the range before compiled calls, where a
-# bad index would read out of bounds instead of raising. `soagen compile` records this in the package
-# unless `--index` is given.
-INDEX_BOUNDS = {"edge_index": "node_features"}
-
 
 class EdgeClassifierNet(nn.Module):
     """Encodes nodes, then scores each edge from its two end nodes and its own features."""

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from examples.gnn_model import INDEX_BOUNDS, build_model
+from examples.gnn_model import build_model
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 from soagen.runtime import ensure_cpu_settings
 
@@ -64,7 +64,7 @@ def binding_for(backend: str, package: str | None) -> EdgeClassifier:
     # get one copy per call. torch.compile and AOT fuse the concatenation and read the view as is.
     row_major = ["edge_features"] if backend in ("eager", "torchscript") else []
     model = torch.jit.script(net) if backend == "torchscript" else net
-    return EdgeClassifier(model, backend=backend, index_bounds=INDEX_BOUNDS, contiguous=row_major)
+    return EdgeClassifier(model, backend=backend, contiguous=row_major)
 
 
 def _best_of(repeat: int, action: Callable[[], object]) -> float:

@@ -316,7 +316,12 @@ class EdgeClassifier(_soagen.ModelBinding):
 
     INPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec("node_features", "input", Nodes.BLOCKS["node_features"]),
-        _soagen.BindingSpec("edge_index", "input", Edges.BLOCKS["edge_index"]),
+        _soagen.BindingSpec(
+            "edge_index",
+            "input",
+            Edges.BLOCKS["edge_index"],
+            indexes="node_features",
+        ),
         _soagen.BindingSpec("edge_features", "input", Edges.BLOCKS["edge_features"]),
     )
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
@@ -335,7 +340,7 @@ class EdgeClassifier(_soagen.ModelBinding):
         """Run EdgeClassifier on zero-copy views of the inputs; write its outputs into `out`.
 
         input node_features: Nodes{x, y, z, energy} as [n, c]
-        input edge_index: Edges{src, dst} as [c, n]
+        input edge_index: Edges{src, dst} as [c, n] indexes node_features
         input edge_features: Edges{delta_r, delta_eta} as [n, c]
         output edge_scores: EdgeScores{score} as [n]
 

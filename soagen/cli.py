@@ -250,7 +250,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the package to write",
     )
     add_index_argument(
-        compile_, checked="before each run", default="the factory module's INDEX_BOUNDS"
+        compile_,
+        checked="before each run",
+        default="the schema's `indexes` clauses and the factory module's INDEX_BOUNDS",
     )
     add_columnwise_argument(compile_)
     add_write_outputs_argument(compile_)

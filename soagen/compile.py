@@ -47,10 +47,12 @@ import torch
 
 import soagen
 from soagen.dsl.loader import load
+from soagen.dtypes import INTEGER_DTYPES
 from soagen.generator.python import generate
 from soagen.runtime.aot import METADATA_FORMAT, METADATA_KEY, AotBackend, describe_binding
 from soagen.runtime.collection import Collection
 from soagen.runtime.model import ModelBinding
+from soagen.runtime.spec import declared_index_bounds
 
 Progress = Callable[[str], None]
 
@@ -161,6 +163,13 @@ def _build_package(
     with stages.stage(f"building model ({factory})"):
         model, module = _build_model(factory, device)
         bounds = _index_bounds(binding, index_bounds, module)
+        unbounded = unbounded_index_inputs(binding, bounds)
+        if unbounded:
+            stages.report(
+                f"warning: integer input(s) {', '.join(unbounded)} have no index bound: if the "
+                f"model indexes with them, a value out of range aborts the process inside the "
+                f"package; declare `indexes NAME` in the schema (or pass --index)"
+            )
         layers = _columnwise_layers(model, stages) if variant.columnwise else None
     reference = _SchemaOrder(model, binding)
     with stages.stage("exporting with dynamic element counts (torch.export)"):
@@ -365,6 +374,15 @@ def _columnwise_layers(
     return rewritten, names
 
 
+def unbounded_index_inputs(binding: type[ModelBinding], bounds: Mapping[str, str]) -> list[str]:
+    """Integer inputs no bound covers: compiled kernels index with their values unchecked."""
+    return [
+        spec.name
+        for spec in binding.INPUTS
+        if spec.block.dtype in INTEGER_DTYPES and spec.name not in bounds
+    ]
+
+
 def _index_bounds(
     binding: type[ModelBinding], given: Mapping[str, str] | None, module: ModuleType
 ) -> dict[str, str]:
@@ -375,7 +393,8 @@ def _index_bounds(
         if not isinstance(given, Mapping):
             raise CompileError(f"{source} must be a dict of input names", usage=True)
     inputs = {spec.name: spec for spec in binding.INPUTS}
-    bounds: dict[str, str] = {}
+    # The schema's `indexes` clauses first: --index or INDEX_BOUNDS add to them or replace them.
+    bounds = declared_index_bounds(binding.INPUTS)
     for index_name, bound_name in given.items():
         for name in (index_name, bound_name):
             if name not in inputs:
@@ -385,7 +404,7 @@ def _index_bounds(
                     usage=True,
                 )
         dtype = inputs[index_name].block.dtype
-        if not dtype.startswith(("int", "uint")):
+        if dtype not in INTEGER_DTYPES:
             raise CompileError(
                 f"{source}: input {index_name!r} holds {dtype}, not integer indices", usage=True
             )

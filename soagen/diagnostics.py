@@ -76,6 +76,7 @@ CODES: dict[str, str] = {
     "SOA307": "the axis list does not match the block",
     "SOA308": "two models declare different blocks under one name on the same layout",
     "SOA309": "an output block holds scalars, which cannot take one value per element",
+    "SOA310": "an `indexes` clause does not name another input, or is not on an integer input",
     "SOA401": "an imported file does not exist",
     "SOA402": "imports form a cycle",
     "SOA403": "a name is declared in two files",
@@ -533,6 +534,36 @@ EXPLANATIONS: dict[str, str] = {
 
             layout Hits { column float32 x, score }
             model M { input features = Hits{x}  output scores = Hits{score} }
+        """
+    ),
+    "SOA310": _text(
+        """
+        `indexes NAME` says that every value of an integer input is an element number of the
+        input NAME of the same model (an edge list's node numbers, say): soagen checks that each
+        value lies in [0, number of elements of NAME) before every call, because a compiled
+        (AOTInductor) model aborts the whole process on an index out of range, and a negative
+        one can silently read from the end. So the clause must be on an input, hold integers, and
+        name another input of the model.
+
+        Gives SOA310:
+
+            layout Nodes { column float32 x, y }
+            layout Edges { column int64 src, dst }
+            model M {
+                input nodes = Nodes{x, y}
+                input edges = Edges{src, dst} indexes node
+                output scores = Nodes{x}
+            }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            layout Edges { column int64 src, dst }
+            model M {
+                input nodes = Nodes{x, y}
+                input edges = Edges{src, dst} indexes nodes
+                output scores = Nodes{x}
+            }
         """
     ),
     "SOA401": _text(

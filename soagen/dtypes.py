@@ -39,6 +39,11 @@ DTYPES: dict[str, DType] = {
     )
 }
 
+# Types whose values can number elements: what an index input (`indexes`) holds.
+INTEGER_DTYPES: frozenset[str] = frozenset(
+    name for name in DTYPES if name.startswith(("int", "uint"))
+)
+
 # Spellings users bring from C++ and NumPy; the checker suggests the .soa name for each.
 DTYPE_SPELLINGS: dict[str, str] = {
     "float": "float32",

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from soagen.config import Config, ConfigError, find_config
 from soagen.diagnostics import Diagnostic, Span, did_you_mean
-from soagen.dsl.ir import DEFAULT_ALIGN, Member, MemberKind, SchemaFile
+from soagen.dsl.ir import DEFAULT_ALIGN, Layout, Member, MemberKind, SchemaFile
 from soagen.dsl.loader import load
+from soagen.dtypes import INTEGER_DTYPES
 from soagen.names import to_pascal_case, to_snake_case
 
 # Each category holds the rules of the ones before it.
@@ -49,6 +50,7 @@ class FileContext:
     file: SchemaFile
     used_layouts: frozenset[str]
     options: LintOptions
+    layouts: Mapping[str, Layout]  # the file's own and imported layouts, by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,23 @@ def _check_binding_names(context: FileContext, rule: Rule) -> Iterator[Diagnosti
                     binding.span,
                     _rename_hint(to_snake_case(binding.name)),
                 )
+
+
+def _check_index_inputs(context: FileContext, rule: Rule) -> Iterator[Diagnostic]:
+    for model in context.file.models:
+        for binding in model.inputs:
+            layout = context.layouts.get(binding.layout_name)
+            member = layout.member(binding.member_names[0]) if layout is not None else None
+            if member is None or member.dtype_name not in INTEGER_DTYPES or binding.indexes:
+                continue
+            others = [other.name for other in model.inputs if other.name != binding.name]
+            yield rule.finding(
+                f"integer input `{model.name}.{binding.name}` does not say which input's elements "
+                "it numbers: its values go unchecked",
+                binding.span,
+                f"write `indexes {others[0] if others else 'NAME'}` (the input it indexes) after "
+                "the block, or ignore INTEGER_INPUT_INDEXES if its values are not element numbers",
+            )
 
 
 # --- documentation ------------------------------------------------------------------------------
@@ -257,6 +276,19 @@ RULES: tuple[Rule, ...] = (
         "and GPU loads of a column split into more transactions. 128 is CMSSW's default; set "
         "`cache-line = 64` in [tool.soagen.lint] for CPU-only data.",
         _check_alignment,
+    ),
+    Rule(
+        "INTEGER_INPUT_INDEXES",
+        "BASIC",
+        "integer inputs say which input's elements they number (`indexes NAME`)",
+        "An integer input is most often an index into another input: an edge list's node "
+        "numbers. With `indexes NAME`, every call checks each value against NAME's element count "
+        "first. Without it, a value out of range aborts the whole process inside a compiled "
+        "(AOTInductor) model, under `soagen serve` the server and every client's events with it, "
+        "and a negative value can silently read from the end (Inductor's kernels, `x[index]`). Ignore the rule for integer inputs "
+        "whose values are not element numbers of another input (counts, or rows of an "
+        "embedding table inside the model).",
+        _check_index_inputs,
     ),
     Rule(
         "LAYOUT_PASCAL_CASE",
@@ -504,7 +536,7 @@ def lint(
     report = LintReport()
     used = _layouts_bound_beside(paths)
     selections: dict[Path | None, Selection] = {}
-    checked: list[tuple[Path, SchemaFile]] = []
+    checked: list[tuple[Path, SchemaFile, dict[str, Layout]]] = []
     seen_files: set[str] = set()
     for path in paths:
         result = load(path)
@@ -519,15 +551,16 @@ def lint(
                 used.update(binding.layout_name for binding in model.bindings)
         if result.schema.root.path not in seen_files:
             seen_files.add(result.schema.root.path)
-            checked.append((path, result.schema.root))
+            visible = {layout.name: layout for f in result.schema.files for layout in f.layouts}
+            checked.append((path, result.schema.root, visible))
     findings: list[Diagnostic] = []
-    for path, schema_file in checked:
+    for path, schema_file, visible in checked:
         file_config = config if config is not None else find_config(path)
         selection = selections.get(file_config.path)
         if selection is None:
             selection = selection_from(file_config, select, ignore)
             selections[file_config.path] = selection
-        context = FileContext(schema_file, frozenset(used), selection.options)
+        context = FileContext(schema_file, frozenset(used), selection.options, visible)
         for rule in selection.rules_for(path):
             findings += rule.check(context, rule)
     report.files = len({path.resolve() for path in paths})

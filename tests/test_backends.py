@@ -173,7 +173,10 @@ def test_eager_call_copies_only_the_outputs(gnn) -> None:  # type: ignore[no-unt
         def forward(self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor):  # type: ignore[no-untyped-def]
             return torch.where(index[0] >= 0, edges.sum(1), nodes.sum())
 
-    model = EdgeClassifier(Sums())
+    # Without the schema's index check, which reduces a padded [2, n] index block through one
+    # scratch copy of that block (`torch.aminmax` flattens it: faster than two strided passes).
+    model = EdgeClassifier(Sums(), index_bounds={"edge_index": None})
+    assert model.index_bounds == {}
     _run(model, gnn)  # placement and thread set-up happen outside the profile
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         _run(model, gnn)
@@ -241,6 +244,25 @@ def test_index_out_of_range_stops_the_call(gnn, bad_value: int) -> None:  # type
     with pytest.raises(IndexRangeError, match=r"'edge_index' holds indices outside \[0, 300\)"):
         model(nodes, bad, out=scores)
     assert calls == [1]
+
+
+def test_the_schemas_index_bound_is_checked_unless_turned_off() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    nodes, edges = Nodes.allocate(30, zero=True), Edges.allocate(50, zero=True)
+    edges.dst[7] = -1  # Inductor's kernels and `x[index]` would read the last node unnoticed
+    scores = EdgeScores.allocate(50)
+    checked = EdgeClassifier(build_model())  # `indexes node_features` in schemas/gnn.soa
+    assert checked.index_bounds == {"edge_index": "node_features"}
+    with pytest.raises(IndexRangeError, match=r"outside \[0, 30\).*\(values -1\.\.0\)"):
+        checked(nodes, edges, out=scores)
+    unchecked = EdgeClassifier(build_model(), index_bounds={"edge_index": None})
+    assert unchecked.index_bounds == {}
+    with pytest.raises(IndexError, match="index out of range"):
+        unchecked(nodes, edges, out=scores)  # no check: the model's own `index_select` raises
+    with pytest.raises(BindingError, match="has no input 'edges'"):
+        EdgeClassifier(build_model(), index_bounds={"edges": None})
 
 
 def test_index_bounds_are_validated() -> None:

@@ -196,6 +196,7 @@ def test_cli_compile_reports_every_stage(gnn_build: tuple[Path, str, str]) -> No
     ):
         assert f"soagen compile: {stage} ...\n" in stderr
         assert f"soagen compile: {stage}: done in " in stderr
+    assert "warning" not in stderr  # the schema bounds edge_index (`indexes node_features`)
     assert stdout.startswith(f"wrote {package.as_posix()} (EdgeClassifier for cpu, ")
 
 
@@ -306,6 +307,7 @@ def test_a_package_refuses_contiguous_copies(gnn: ModuleType, gnn_package: Path)
 
 
 def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> None:
+    # The factory declares no bounds: the schema's `indexes node_features` is recorded.
     compiled = gnn.EdgeClassifier.load(gnn_package)
     assert dict(compiled._backend.index_bounds) == {"edge_index": "node_features"}
     assert compiled.index_bounds == {"edge_index": "node_features"}
@@ -313,6 +315,16 @@ def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> 
     edges.block("edge_index")[1, 5] = 10
     with pytest.raises(IndexRangeError, match="outside \\[0, 10\\)"):
         compiled(nodes, edges, out=gnn.EdgeScores.allocate(20))
+
+
+def test_integer_inputs_without_a_bound_are_named(gnn: ModuleType) -> None:
+    from soagen.compile import _index_bounds, unbounded_index_inputs
+
+    binding = gnn.EdgeClassifier
+    assert unbounded_index_inputs(binding, {}) == ["edge_index"]
+    schema_bounds = _index_bounds(binding, None, ModuleType("factory_without_bounds"))
+    assert schema_bounds == {"edge_index": "node_features"}
+    assert unbounded_index_inputs(binding, schema_bounds) == []
 
 
 def test_runner_refuses_inputs_the_package_was_not_exported_for(

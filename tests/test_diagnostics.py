@@ -430,6 +430,37 @@ CASES = [
         ["output `pq`", "scalar `p`", "one value per collection"],
         ["column"],
     ),
+    # `indexes` names another input of the model, on an integer input.
+    (
+        "SOA310",
+        "layout N {\n    column float32 x\n}\nlayout E {\n    column int64 src, dst\n}\n"
+        "model M {\n    input nodes = N{x}\n    input edges = E{src, dst} indexes \u2038node\n"
+        "    output y = N{x}\n}\n",
+        ["no input `node`", "`edges` to index"],
+        ["did you mean `nodes`?"],
+    ),
+    (
+        "SOA310",
+        "layout N {\n    column float32 x, w\n}\n"
+        "model M {\n    input nodes = N{x}\n    input w = N{w} indexes \u2038nodes\n"
+        "    output y = N{x}\n}\n",
+        ["input `w` holds float32", "not integers"],
+        ["integer columns"],
+    ),
+    (
+        "SOA310",
+        "layout N {\n    column int32 x, y\n}\n"
+        "model M {\n    input nodes = N{x}\n    output y = N{y} indexes \u2038nodes\n}\n",
+        ["output `y` declares `indexes`", "only inputs"],
+        ["remove"],
+    ),
+    (
+        "SOA310",
+        "layout N {\n    column int32 x, y\n}\n"
+        "model M {\n    input nodes = N{x} indexes \u2038nodes\n    output y = N{y}\n}\n",
+        ["cannot index itself"],
+        ["name the input"],
+    ),
 ]
 
 

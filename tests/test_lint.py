@@ -55,6 +55,13 @@ CASES: dict[str, tuple[str, tuple[int, int]]] = {
     "BINDING_SNAKE_CASE": (CLEAN.replace("positions", "Positions"), (13, 12)),
     "LAYOUT_DOC_COMMENT": (CLEAN.replace("/// Hits of a tracker.\n", ""), (3, 8)),
     "MODEL_DOC_COMMENT": (CLEAN.replace("/// Finds tracks.\n", ""), (11, 7)),
+    "INTEGER_INPUT_INDEXES": (
+        CLEAN.replace(
+            "    output ids",
+            "    input  detectors = Hits{detector_id}\n    output ids",
+        ),
+        (14, 12),
+    ),
     "LAYOUT_UNUSED": (
         CLEAN.replace("/// Finds", "/// Spare.\nlayout Spare {\n    column int8 s\n}\n\n/// Finds"),
         (12, 8),

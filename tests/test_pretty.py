@@ -60,6 +60,6 @@ def test_pretty_shows_symbolic_offsets() -> None:
     assert "layout Nodes {  // 14 * pitch_4 + 128 bytes" in text
     assert "scalar float32 bfield  // at 14 * pitch_4" in text
     assert (
-        "input edge_index = Edges{src, dst} as [c, n]  // shape [2, n], strides [stride_8, 1], offset 0"
-        in text
+        "input edge_index = Edges{src, dst} as [c, n] indexes node_features  "
+        "// shape [2, n], strides [stride_8, 1], offset 0" in text
     )

@@ -36,9 +36,9 @@ from .helpers import (
 
 torch = pytest.importorskip("torch")
 
-from examples.gnn_model import INDEX_BOUNDS, build_model  # noqa: E402
+from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
-from soagen.runtime import SoaRuntimeError  # noqa: E402
+from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
 from soagen.serving import (  # noqa: E402
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -140,7 +140,7 @@ def _event(nodes_n: int, edges_n: int, seed: int) -> tuple[Nodes, Edges]:
 
 @pytest.fixture(scope="module")
 def local() -> EdgeClassifier:
-    return EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    return EdgeClassifier(build_model())
 
 
 def _expected(local: EdgeClassifier, nodes: Nodes, edges: Edges) -> torch.Tensor:
@@ -459,7 +459,16 @@ def test_server_errors_name_the_url_and_leave_the_output_untouched(server: Serve
     out = EdgeScores.allocate(20, zero=True)
     out.score.fill_(-1.0)
     before = bytes(out.buffer.numpy())
+    # The client checks the schema's index bound first: the event never leaves.
     with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
+        with pytest.raises(IndexRangeError, match="edge_index"):
+            remote(nodes, edges, out=out)
+        assert remote.stats.attempts == 0
+    # Unchecked here, the server's own check answers.
+    unchecked = {"edge_index": None}
+    with EdgeClassifier.remote(
+        server.url, access_token=server.token, index_bounds=unchecked
+    ) as remote:
         with pytest.raises(RemoteInferenceError, match="IndexRangeError") as caught:
             remote(nodes, edges, out=out)
         assert server.url in str(caught.value) and "nothing was written" in str(caught.value)
@@ -474,9 +483,13 @@ def test_a_bad_event_fails_only_its_own_call(
     server: Served, local: EdgeClassifier, shared_memory: bool
 ) -> None:
     # Concurrent events share executions (the server's queue delay is 20 ms): one bad event
-    # among them fails its own call, and every other call gets its results.
+    # among them fails its own call, and every other call gets its results. The client's own
+    # index check is off, so that the bad event reaches the server.
     remote = EdgeClassifier.remote(
-        server.url, shared_memory=shared_memory, access_token=server.token
+        server.url,
+        shared_memory=shared_memory,
+        access_token=server.token,
+        index_bounds={"edge_index": None},
     )
     events = [_event(20 + k, 60 + 7 * k, 40 + k) for k in range(8)]
     events[3][1].src[11] = 1000  # not a node

@@ -322,7 +322,7 @@ def test_cli_writes_a_python_backend_model(tmp_path: Path) -> None:
     config = (folder / "config.pbtxt").read_text()
     assert 'backend: "python"' in config
     spec = json.loads((folder / "1" / "soagen_model.json").read_text())
-    assert spec["index_bounds"] == {"edge_index": "node_features"}  # the factory's INDEX_BOUNDS
+    assert spec["index_bounds"] == {"edge_index": "node_features"}  # the schema's `indexes`
     assert spec["outputs"][0]["size"] == {"input": "edge_features"}
     # Writing again replaces the folder soagen wrote; the same inputs give the same text files.
     before = {p: (folder / p).read_bytes() for p in ("config.pbtxt", "1/model.py")}
@@ -1031,13 +1031,13 @@ def test_remote_binding_calls_a_python_backend_repository(
     request, one event at a time or with events merged; bfloat16 travels as its bits."""
     import torch
 
-    from examples.gnn_model import INDEX_BOUNDS, build_model
+    from examples.gnn_model import build_model
     from generated.gnn import EdgeClassifier, EdgeScores
     from soagen.serving.server import load_binding
 
     from .test_serving import _event
 
-    local = EdgeClassifier(build_model(), index_bounds=INDEX_BOUNDS)
+    local = EdgeClassifier(build_model())
     for model, shared_memory in (
         ("gnn_eager", None),
         ("gnn_eager", False),

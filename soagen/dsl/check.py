@@ -20,7 +20,7 @@ from soagen.dsl.ir import (
     Model,
     SchemaFile,
 )
-from soagen.dtypes import DTYPE_SPELLINGS, DTYPES
+from soagen.dtypes import DTYPE_SPELLINGS, DTYPES, INTEGER_DTYPES
 from soagen.layout import block_axes, default_axes
 from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES, is_python_keyword
 
@@ -413,6 +413,39 @@ def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
             )
             continue
         problems += _check_block(binding, layout)
+    problems += _check_indexes(model, layouts)
+    return problems
+
+
+def _check_indexes(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
+    """`indexes NAME` names another input of the model, on an input block of integers."""
+    problems: list[Diagnostic] = []
+    inputs = [binding.name for binding in model.inputs]
+    for binding in model.bindings:
+        if binding.indexes is None or binding.indexes_span is None:
+            continue
+        span, target = binding.indexes_span, binding.indexes
+        layout = layouts.get(binding.layout_name)
+        member = layout.member(binding.member_names[0]) if layout is not None else None
+        problem, hint = None, None
+        if binding.direction is Direction.OUTPUT:
+            problem = f"output `{binding.name}` declares `indexes`: only inputs are checked"
+            hint = "remove the clause"
+        elif target == binding.name:
+            problem = f"input `{binding.name}` cannot index itself"
+            hint = "name the input whose elements its values number"
+        elif target not in inputs:
+            problem = f"model `{model.name}` has no input `{target}` for `{binding.name}` to index"
+            others = [name for name in inputs if name != binding.name]
+            hint = did_you_mean(target, others) or f"its inputs are {', '.join(inputs)}"
+        elif member is not None and member.dtype_name not in INTEGER_DTYPES:
+            problem = (
+                f"input `{binding.name}` holds {member.dtype_name}, not integers: it cannot "
+                "index elements"
+            )
+            hint = "bind integer columns, or remove the clause"
+        if problem is not None:
+            problems.append(Diagnostic("SOA310", problem, span, hint))
     return problems
 
 

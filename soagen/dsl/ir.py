@@ -114,6 +114,9 @@ class Binding:
     layout_span: Span
     member_spans: tuple[Span, ...]
     axes_span: Span | None
+    # `indexes NAME`: the input whose element numbers this integer input holds, and where it is named.
+    indexes: str | None = None
+    indexes_span: Span | None = None
 
 
 @dataclass(frozen=True, slots=True)

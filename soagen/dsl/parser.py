@@ -348,8 +348,11 @@ class _Builder:
         assert isinstance(layout_name, Token) and isinstance(names, Tree)
         axes: tuple[Axis, ...] | None = None
         axes_span: Span | None = None
-        if len(parts) > 4:
-            axes_tree = parts[4].children[0] if isinstance(parts[4], Tree) else None
+        clauses = {part.data: part for part in parts[4:] if isinstance(part, Tree)}
+        indexes = clauses["indexes"].children[0] if "indexes" in clauses else None
+        assert indexes is None or isinstance(indexes, Token)
+        if "axes" in clauses:
+            axes_tree = clauses["axes"].children[0]
             assert isinstance(axes_tree, Tree)
             axes_span = self.span(axes_tree)
             written = [self.axis(axis) for axis in axes_tree.children if isinstance(axis, Tree)]
@@ -367,6 +370,8 @@ class _Builder:
             self.span(layout_name),
             tuple(self.span(t) for t in member_tokens),
             axes_span,
+            None if indexes is None else str(indexes),
+            None if indexes is None else self.span(indexes),
         )
 
     def axis(self, tree: Tree[Token]) -> Axis | None:

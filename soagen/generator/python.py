@@ -343,9 +343,15 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
                 )
             )
             block = _block_spec(binding, layout, function_name)
+        indexes = () if binding.indexes is None else (f"indexes={string_literal(binding.indexes)}",)
         spec = Call(
             f"{RUNTIME}.BindingSpec",
-            (string_literal(binding.name), string_literal(binding.direction.value), block),
+            (
+                string_literal(binding.name),
+                string_literal(binding.direction.value),
+                block,
+                *indexes,
+            ),
         )
         specs[binding.direction.value].append(render(spec, INDENT * 2, suffix=","))
     class_attributes = _name_and_schema(model.name, schema_file)
@@ -413,7 +419,10 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         assert first is not None  # the checker guarantees every member exists
         axes = ", ".join(block_axes(b, first))
         members = ", ".join(b.member_names)
-        bound.append(f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]")
+        indexes = "" if b.indexes is None else f" indexes {b.indexes}"
+        bound.append(
+            f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]{indexes}"
+        )
         # The binding's `///` doc, indented under its line as a member's doc follows its summary.
         bound += [f"{INDENT}{line}" for line in (b.doc.split("\n") if b.doc else [])]
     doc = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 
@@ -59,3 +59,11 @@ class BindingSpec:
     name: str
     direction: str  # "input" or "output"
     block: BlockSpec
+    # The input whose element numbers this integer input holds (`indexes` in the schema): each
+    # value is checked to lie in [0, its element count) before every call.
+    indexes: str | None = None
+
+
+def declared_index_bounds(inputs: Iterable[BindingSpec]) -> dict[str, str]:
+    """The schema's `indexes` clauses: index input name -> the input whose elements it numbers."""
+    return {spec.name: spec.indexes for spec in inputs if spec.indexes is not None}

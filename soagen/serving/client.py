@@ -333,7 +333,7 @@ class RemoteBinding(ModelBinding):
         fallback: object | None = None,
         shared_memory: bool | None = None,
         access_token: str | None = None,
-        index_bounds: Mapping[str, str] | None = None,
+        index_bounds: Mapping[str, str | None] | None = None,
     ) -> None:
         cls = type(self)
         local = cls._local_class

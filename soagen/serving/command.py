@@ -69,7 +69,9 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
         "--triton-name", metavar="NAME", help="the name clients ask for (default: the model's)"
     )
     add_index_argument(
-        serve, checked="before each event", default="the factory module's INDEX_BOUNDS"
+        serve,
+        checked="before each event",
+        default="the schema's `indexes` clauses and the factory module's INDEX_BOUNDS",
     )
     serve.add_argument(
         "--max-batch-size",

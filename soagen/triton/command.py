@@ -121,7 +121,10 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
         "(or a number) per event; needed where the output has its own layout (repeatable)",
     )
     add_index_argument(
-        triton, checked="", default="the factory module's INDEX_BOUNDS, or the package's"
+        triton,
+        checked="",
+        default="the schema's `indexes` clauses and the factory module's INDEX_BOUNDS, or "
+        "the package's",
     )
 
 

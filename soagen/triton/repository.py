@@ -38,6 +38,7 @@ from soagen.dsl.ir import Model, Schema
 from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
+from soagen.runtime.spec import declared_index_bounds
 from soagen.serving.wire import DEFAULT_MAX_QUEUE_DELAY_US
 from soagen.triton.config import (
     RUNTIMES,
@@ -427,13 +428,15 @@ def _from_package(
             )
         _check_writes_apart(binding, backend.writes_outputs)
         _check_reads_only(backend.writes_inputs, str(package))
-        bounds = dict(backend.index_bounds)
+        bounds = declared_index_bounds(binding.INPUTS)
+        bounds.update(backend.index_bounds)
         bounds.update(request.index_bounds or {})
         report(f"copying {package.as_posix()}")
         shutil.copyfile(package, version / "model.pt2")
         return _Built("aot", "model.pt2", None, bounds, None)
     module = torch.jit.load(str(package), map_location="cpu")  # type: ignore[no-untyped-call]
-    bounds = dict(request.index_bounds or {})
+    bounds = declared_index_bounds(binding.INPUTS)
+    bounds.update(request.index_bounds or {})
     checked = _check_model(binding, layouts, module, bounds)
     names = _torchscript_names(module)
     _verify(binding, layouts, module, checked, bounds, what=f"{package}")

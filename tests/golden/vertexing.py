@@ -113,6 +113,12 @@ class VertexFinder(_soagen.ModelBinding):
         stride_4 = pitch_4 // 4
         return _soagen.StridedView("float32", (n, 3), (1, stride_4), 0)
 
+    @staticmethod
+    def _view_track_of(n: int) -> _soagen.StridedView:
+        """Geometry of block `track_of` of Tracks for n elements."""
+        pitch_4 = (n * 4 + 127) // 128 * 128
+        return _soagen.StridedView("int16", (n,), (1,), 3 * pitch_4)
+
     INPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
         _soagen.BindingSpec(
             "momenta",
@@ -125,6 +131,19 @@ class VertexFinder(_soagen.ModelBinding):
                 ("n", "c"),
                 _view_momenta,
             ),
+        ),
+        _soagen.BindingSpec(
+            "track_of",
+            "input",
+            _soagen.BlockSpec(
+                "track_of",
+                "Tracks",
+                ("charge",),
+                "int16",
+                ("n",),
+                _view_track_of,
+            ),
+            indexes="momenta",
         ),
     )
     OUTPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
@@ -142,6 +161,8 @@ class VertexFinder(_soagen.ModelBinding):
         """Run VertexFinder on zero-copy views of the inputs; write its outputs into `out`.
 
         input momenta: Tracks{px, py, pz} as [n, c]
+        input track_of: Tracks{charge} as [n] indexes momenta
+            Which track each entry is: an element number of `momenta`.
         output positions: Vertices{x, y, z} as [c, n]
 
         `stream`: a CUDA stream instead of the current one.
@@ -151,6 +172,7 @@ class VertexFinder(_soagen.ModelBinding):
         self.run(
             {
                 "momenta": tracks,
+                "track_of": tracks,
             },
             {
                 "positions": out,
