@@ -207,6 +207,32 @@ def test_batches_start_aligned_and_cover_everything(mlp_module) -> None:  # type
     torch.testing.assert_close(scores.b, points.y + 1)
 
 
+def test_a_failing_slice_writes_no_output(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    calls: list[int] = []
+    failing = [True]
+
+    class FailsAtTheFourthSlice(nn.Module):
+        def forward(self, p: torch.Tensor) -> torch.Tensor:
+            calls.append(p.shape[0])
+            if failing[0] and len(calls) == 4:
+                raise RuntimeError("slice 4 is bad")
+            return p[:, :2] + 1
+
+    points = _points(mlp_module, 1000)
+    scores = mlp_module.Scores.allocate(1000, zero=True)
+    scores.a.fill_(-7.0)
+    before = scores.buffer.clone()
+    model = mlp_module.Mlp(FailsAtTheFourthSlice())
+    with pytest.raises(RuntimeError, match="slice 4 is bad"):
+        model(points, out=scores, batch_size=100)
+    assert calls == [128] * 4  # three slices ran before the failure
+    assert torch.equal(scores.buffer, before)  # and none of their results were written
+    failing[0] = False
+    model(points, out=scores, batch_size=100)
+    torch.testing.assert_close(scores.a, points.x + 1)
+    torch.testing.assert_close(scores.b, points.y + 1)
+
+
 def test_batch_size_needs_equal_sizes() -> None:
     from examples.gnn_model import build_model
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes

@@ -216,7 +216,9 @@ class ModelBinding:
 
         `stream`: a CUDA stream to run on instead of the caller's current one. `batch_size`: run in
         slices of at most this many elements (rounded up so every slice starts aligned); all bound
-        collections must then have the same size.
+        collections must then have the same size. The slices' results are held in scratch output
+        collections (one more output-sized buffer) and written into `outputs` once every slice has
+        run, so a failing slice writes nothing.
         """
         cls = type(self)
         collections = [*inputs.values(), *outputs.values()]
@@ -245,12 +247,19 @@ class ModelBinding:
             if batch_size is None:
                 self._run_once(inputs, outputs, device)
                 return
-            for start, stop in _batches(cls, inputs, outputs, batch_size):
+            slices = list(_batches(cls, inputs, outputs, batch_size))
+            # Slices write into scratch collections, and the output blocks take their results once
+            # every slice has run: a slice that fails leaves the outputs as they were.
+            scratch = {id(c): type(c).allocate(c.size, device) for c in outputs.values()}
+            staged = {name: scratch[id(c)] for name, c in outputs.items()}
+            for start, stop in slices:
                 self._run_once(
                     {name: c.slice(start, stop) for name, c in inputs.items()},
-                    {name: c.slice(start, stop) for name, c in outputs.items()},
+                    {name: c.slice(start, stop) for name, c in staged.items()},
                     device,
                 )
+            for name, block in self._output_blocks:
+                outputs[name].block(block).copy_(staged[name].block(block))
 
     def _run_once(
         self,
