@@ -296,23 +296,35 @@ def test_empty_outputs_skip_the_model(mlp_module) -> None:  # type: ignore[no-un
     mlp_module.Mlp(Never())(_points(mlp_module, 0), out=mlp_module.Scores.allocate(0))
 
 
-def test_one_model_object_from_many_threads(mlp_module) -> None:  # type: ignore[no-untyped-def]
-    model = mlp_module.Mlp(Linear32())
+@pytest.mark.parametrize("backend", ["eager", "torchscript", "compile"])
+def test_one_model_object_from_many_threads(mlp_module, backend: str) -> None:  # type: ignore[no-untyped-def]
+    def built() -> object:
+        net = Linear32()
+        return torch.jit.script(net) if backend == "torchscript" else net
+
     inputs = [_points(mlp_module, n) for n in (50, 51, 52, 53)]
+    reference = mlp_module.Mlp(built(), backend=backend)
     serial = []
     for points in inputs:
         scores = mlp_module.Scores.allocate(points.size)
-        model(points, out=scores)
+        reference(points, out=scores)
         serial.append(scores.block("scores").clone())
+    # A fresh object: the threads' first calls race for its placement (and its compilation).
+    model = mlp_module.Mlp(built(), backend=backend)
+    start = threading.Barrier(8)
     failures: list[str] = []
 
     def worker(index: int) -> None:
-        for _ in range(50):
-            points = inputs[index % 4]
-            scores = mlp_module.Scores.allocate(points.size)
-            model(points, out=scores)
-            if not torch.equal(scores.block("scores"), serial[index % 4]):
-                failures.append(f"thread {index}")
+        try:
+            start.wait()
+            for call in range(20):
+                which = (index + call) % 4
+                scores = mlp_module.Scores.allocate(inputs[which].size)
+                model(inputs[which], out=scores)
+                if not torch.equal(scores.block("scores"), serial[which]):
+                    failures.append(f"thread {index}, call {call}: results differ")
+        except BaseException as error:  # reported below, not lost in the thread
+            failures.append(f"thread {index}: {error!r}")
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for thread in threads:
