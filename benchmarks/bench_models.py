@@ -916,9 +916,13 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
             bare = rows.get(f"{backend} runner alone")
             if bare is not None:
                 extra = (rows[name]["median_ms"] - bare["median_ms"]) * 1e3
-                pairs.append(f"{backend} +{extra:.1f} us{'' if extra < 20 else ' (missed)'}")
+                # The target is the AOT path's (issue: "AOT through the low-level loader"); the
+                # other backends are listed for reference.
+                verdict = (" (missed)" if extra >= 20 else "") if backend.startswith("aot") else ""
+                pairs.append(f"{backend} +{extra:.1f} us{verdict}")
         lines.append(
-            f"- {model}, per-call binding cost at n = 2 (target < 20 us): " + ", ".join(pairs)
+            f"- {model}, per-call binding cost at n = 2 (target < 20 us for AOT; the other "
+            f"backends for reference): " + ", ".join(pairs)
         )
     return lines
 
