@@ -32,7 +32,7 @@ malloc tuning apply to every path, in this process, as in a reconstruction job
 (`--no-malloc-tuning` to compare).
 
     python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), ~12 min on 2 cores
-    python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats, no compiling
+    python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats (~70 s here)
 """
 
 from __future__ import annotations
@@ -753,21 +753,29 @@ def memory_in_subprocess(
 # --- generation and import -----------------------------------------------------------------------
 
 
-def generation_latency(workdir: Path, rounds: int) -> dict[str, dict[str, float]]:
-    """In-process `load` + `generate` per schema, and a fresh interpreter importing the result."""
+def generation_latency(workdir: Path, rounds: int) -> dict[str, dict[str, Any]]:
+    """Per schema: in-process `load` + `generate` and `lint`; a fresh interpreter importing the
+    generated module (and whether that imported torch); the `soagen lint` command as pre-commit
+    runs it, in a fresh interpreter."""
+    from soagen.lint import lint
+
     found = {}
+    environment = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
     for package, schema in (("bench_mlp", MLP_SCHEMA), ("bench_gnn", GNN_SCHEMA)):
-        taken = []
+        taken, linted = [], []
         for _ in range(rounds):
             start = time.perf_counter()
             generate(load(schema).unwrap())
             taken.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            lint([schema])
+            linted.append(time.perf_counter() - start)
         code = (
-            "import time; start = time.perf_counter(); "
-            f"import {package}.{schema.stem}; print(time.perf_counter() - start)"
+            "import sys, time; start = time.perf_counter(); "
+            f"import {package}.{schema.stem}; "
+            "print(time.perf_counter() - start, 'torch' in sys.modules)"
         )
-        imports = []
-        environment = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
+        imports, commands, torch_imported = [], [], False
         for _ in range(max(3, rounds // 4)):
             result = subprocess.run(
                 [sys.executable, "-c", code],
@@ -776,11 +784,23 @@ def generation_latency(workdir: Path, rounds: int) -> dict[str, dict[str, float]
                 check=True,
                 env=environment,
             )
-            imports.append(float(result.stdout.strip()))
+            seconds, imported = result.stdout.split()
+            imports.append(float(seconds))
+            torch_imported |= imported == "True"
+            start = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "soagen", "lint", str(schema)],
+                capture_output=True,
+                check=True,
+                env=environment,
+            )
+            commands.append(time.perf_counter() - start)
         found[schema.name] = {
             "generate_ms": statistics.median(taken) * 1e3,
+            "lint_ms": statistics.median(linted) * 1e3,
+            "lint_command_ms": statistics.median(commands) * 1e3,
             "import_ms": statistics.median(imports) * 1e3,
-            "torch_imported": False,
+            "torch_imported": torch_imported,
         }
     return found
 
@@ -977,9 +997,13 @@ def markdown(report: dict[str, Any]) -> str:
     if generation:
         lines.append("\n### Generation\n")
         for schema, entry in generation.items():
+            torch_note = "torch imported" if entry["torch_imported"] else "torch not imported"
             lines.append(
-                f"- {schema}: generate {entry['generate_ms']:.1f} ms; import of the generated module "
-                f"in a fresh interpreter {entry['import_ms']:.1f} ms (torch not imported)"
+                f"- {schema}: generate {entry['generate_ms']:.1f} ms; lint "
+                f"{entry.get('lint_ms', float('nan')):.1f} ms in process, `soagen lint` "
+                f"{entry.get('lint_command_ms', float('nan')):.0f} ms as a command (a fresh "
+                f"interpreter, as pre-commit runs it); import of the generated module in a fresh "
+                f"interpreter {entry['import_ms']:.1f} ms ({torch_note})"
             )
     if report.get("cuda_copies"):
         lines.append("\n### CUDA: host<->device memcpy events in 3 soagen calls\n")
@@ -1068,7 +1092,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--backends",
         default=None,
-        help="comma-separated soagen backends (default: all; --quick: eager,torchscript)",
+        help="comma-separated soagen backends (default: all)",
     )
     parser.add_argument("--no-onnx", action="store_true", help="leave ONNX Runtime out")
     parser.add_argument("--no-cuda", action="store_true", help="CPU only, even with a GPU")
@@ -1128,13 +1152,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         sizes, repeats, min_sample_s = [1_000, 4_000], 2, 0.002
         gnn_max_n, memory_n = 4_000.0, {"mlp": 4_000, "gnn": 4_000}
-        default_backends = ["eager", "torchscript"]
     else:
         sizes = [10**k for k in range(3, 8) if 10**k <= args.max_n]
         repeats, min_sample_s = args.repeats, args.min_sample_ms / 1e3
         gnn_max_n, memory_n = args.gnn_max_n, {"mlp": 1_000_000, "gnn": 1_000_000}
-        default_backends = list(BACKENDS)
-    backends = args.backends.split(",") if args.backends else default_backends
+    # Every backend, --quick too: the smoke run checks each path's output, the compiled ones
+    # (torch.compile, four AOT packages built by soagen.compile) included.
+    backends = args.backends.split(",") if args.backends else list(BACKENDS)
     if any(b.startswith("aot") for b in backends) and not has_aot_compiler():
         backends = [b for b in backends if not b.startswith("aot")]
         notes.append("soagen.compile is not available: the AOT backends were skipped")

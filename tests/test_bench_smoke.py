@@ -30,7 +30,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "results.json").read_text())
@@ -41,6 +41,10 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         "naive np.stack",
         "soagen eager",
         "soagen torchscript",
+        "soagen compile",
+        "soagen aot",
+        "soagen aot columnwise",
+        "soagen aot columnwise write",
         "ort copies",
         "ort io-binding",
         "ort io-binding bound once",
@@ -57,4 +61,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
     assert "soagen torchscript contiguous edge" in cpu["gnn"]["1000"]
     assert (tmp_path / "overhead.png").stat().st_size > 0
     assert set(report["generation"]) == {"mlp.soa", "gnn.soa"}
+    for entry in report["generation"].values():
+        assert entry["lint_ms"] > 0 and entry["lint_command_ms"] > 0
+        assert entry["torch_imported"] is False  # read from the importing interpreter
     assert "| soagen torchscript |" in result.stdout
