@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,3 +75,37 @@ def generated_from_text(
 
     yield make
     sys.path.remove(str(root))
+
+
+def compile_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
+    """`soagen compile ARGS` in a fresh interpreter, from the repository root."""
+    from .helpers import REPO
+
+    return subprocess.run(
+        [sys.executable, "-m", "soagen", "compile", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="session")
+def gnn_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """The example GNN compiled for CPU by `soagen compile` in a subprocess, once per session
+    (the compile and serving tests share it): (package, stdout, stderr)."""
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("aot") / "edge_classifier.pt2"
+    done = compile_subprocess(
+        "schemas/gnn.soa",
+        "--model",
+        "EdgeClassifier",
+        "--factory",
+        "examples/gnn_model.py:build_model",
+        "--device",
+        "cpu",
+        "-o",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout, done.stderr

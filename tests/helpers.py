@@ -81,15 +81,17 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def serve_gnn_command(token_file: Path, *extra: str) -> list[str]:
-    """`soagen serve` of the example GNN on free loopback ports, its access token written to
-    `token_file`, its ready line in JSON (`serve_ready`)."""
+def serve_gnn_command(token_file: Path, *extra: str, model_file: Path | None = None) -> list[str]:
+    """`soagen serve` of the example GNN (built by its factory, or loaded from `model_file`) on
+    free loopback ports, its access token written to `token_file`, its ready line in JSON
+    (`serve_ready`)."""
     grpc_port, http_port = free_ports(2)
+    model = SERVE_GNN if model_file is None else (*SERVE_GNN[:4], "--model-file", str(model_file))
     return [
         sys.executable,
         "-m",
         "soagen",
-        *SERVE_GNN,
+        *model,
         "--grpc-port",
         str(grpc_port),
         "--http-port",

@@ -94,35 +94,6 @@ def scripted():
 """
 
 
-def _compile_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "soagen", "compile", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-@pytest.fixture(scope="session")
-def gnn_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
-    """The GNN example compiled by `soagen compile` in a subprocess: (package, stdout, stderr)."""
-    out = tmp_path_factory.mktemp("aot") / "edge_classifier.pt2"
-    done = _compile_subprocess(
-        str(GNN_SCHEMA.relative_to(REPO)),
-        "--model",
-        "EdgeClassifier",
-        "--factory",
-        GNN_FACTORY,
-        "--device",
-        "cpu",
-        "-o",
-        str(out),
-    )
-    assert done.returncode == 0, done.stderr
-    return out, done.stdout, done.stderr
-
-
 @pytest.fixture(scope="session")
 def gnn_package(gnn_build: tuple[Path, str, str]) -> Path:
     return gnn_build[0]

@@ -66,12 +66,12 @@ class Served:
     workspace: str
 
 
-def _start_server(folder: Path, *extra: str) -> Served:
+def _start_server(folder: Path, *extra: str, model_file: Path | None = None) -> Served:
     token_file, log = folder / "token", folder / "server.log"
     with log.open("w") as log_file:
         # A session of its own, so a test can kill the server with everything it started.
         process = subprocess.Popen(
-            serve_gnn_command(token_file, *extra),
+            serve_gnn_command(token_file, *extra, model_file=model_file),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=log_file,
@@ -119,6 +119,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # A longer queue delay than the default (20 ms, not 0.5) makes batching of concurrent events
     # certain even on a loaded machine; a lone request waits that long.
     served = _start_server(tmp_path_factory.mktemp("serve"), "--max-queue-delay-us", "20000")
+    try:
+        yield served
+    finally:
+        _stop(served.process)
+
+
+@pytest.fixture(scope="module")
+def aot_server(
+    tmp_path_factory: pytest.TempPathFactory, gnn_build: tuple[Path, str, str]
+) -> Iterator[Served]:
+    """`soagen serve --model-file` of the example GNN's AOTInductor package."""
+    served = _start_server(tmp_path_factory.mktemp("serve_aot"), model_file=gnn_build[0])
     try:
         yield served
     finally:
@@ -397,6 +409,34 @@ def test_gpu_collections_travel_through_cuda_shared_memory(
         out = EdgeScores.allocate(edges.size, device="cuda")
         stream = torch.cuda.current_stream()
         assert_no_host_device_copies(lambda: remote(nodes, edges, out=out), stream)
+
+
+@needs_triton
+def test_an_aot_package_serves_and_a_bad_index_fails_only_its_own_call(
+    aot_server: Served, gnn_build: tuple[Path, str, str]
+) -> None:
+    # Inside AOTInductor's kernels an index out of range aborts the process: served, that would
+    # take the server down for every client. The schema's bound stops the event first.
+    local = EdgeClassifier.load(gnn_build[0])
+    unchecked = {"edge_index": None}  # so that the bad event reaches the server
+    with EdgeClassifier.remote(
+        aot_server.url, access_token=aot_server.token, index_bounds=unchecked
+    ) as remote:
+        for seed, (nodes_n, edges_n) in enumerate([(1, 1), (300, 1000), (257, 4099)]):
+            nodes, edges = _event(nodes_n, edges_n, seed)
+            out, expected = EdgeScores.allocate(edges_n), EdgeScores.allocate(edges_n)
+            remote(nodes, edges, out=out)
+            local(nodes, edges, out=expected)
+            assert torch.equal(out.score, expected.score)
+        nodes, edges = _event(300, 1000, 7)
+        edges.src[3] = 10_000  # not a node
+        out = EdgeScores.allocate(1000, zero=True)
+        with pytest.raises(RemoteInferenceError, match="IndexRangeError"):
+            remote(nodes, edges, out=out)
+        assert bool((out.score == 0).all())
+        edges.src[3] = 0
+        remote(nodes, edges, out=out)  # the server is still there
+        assert aot_server.process.poll() is None
 
 
 @needs_triton
