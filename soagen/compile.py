@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import typing
 import uuid
 import warnings
@@ -326,7 +327,8 @@ def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, M
             spec.loader.exec_module(module)
         except Exception as error:
             raise CompileError(
-                f"importing {path_text} failed: {type(error).__name__}: {error}"
+                f"importing {path_text} failed{_raised_at(error, path)}: "
+                f"{type(error).__name__}: {error}"
             ) from error
         function = getattr(module, function_name, None)
         if function is None or not callable(function):
@@ -343,7 +345,9 @@ def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, M
         try:
             model = function()
         except Exception as error:
-            raise CompileError(f"{factory}() raised {type(error).__name__}: {error}") from error
+            raise CompileError(
+                f"{factory}() raised {type(error).__name__}{_raised_at(error, path)}: {error}"
+            ) from error
     finally:
         sys.path.remove(str(path.resolve().parent))
         sys.modules.pop(name, None)
@@ -352,6 +356,20 @@ def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, M
             f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", usage=True
         )
     return model.eval().to(device), module
+
+
+def _raised_at(error: BaseException, path: Path) -> str:
+    """` at FILE:LINE`: the last line of the factory file the error passed through, so that a
+    failing factory is found without its traceback."""
+    if isinstance(error, SyntaxError) and error.lineno is not None:
+        return f" at {path.as_posix()}:{error.lineno}"
+    target = path.resolve()
+    lines = [
+        line
+        for frame, line in traceback.walk_tb(error.__traceback__)
+        if Path(frame.f_code.co_filename).resolve() == target
+    ]
+    return f" at {path.as_posix()}:{lines[-1]}" if lines else ""
 
 
 def _columnwise_layers(

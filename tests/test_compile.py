@@ -714,6 +714,22 @@ def test_cli_compile_usage_errors(tmp_path: Path) -> None:
         assert message in stderr, stderr
 
 
+def test_a_failing_factory_is_named_with_its_line(tmp_path: Path) -> None:
+    raising = tmp_path / "raising.py"
+    raising.write_text("import torch\n\n\ndef build():\n    raise ValueError('boom')\n")
+    status, stderr = _cli_compile(tmp_path, factory=f"{raising}:build")
+    assert status == 1, stderr
+    assert f"build() raised ValueError at {raising.as_posix()}:5: boom" in stderr, stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\nx = 1 +\n")
+    status, stderr = _cli_compile(tmp_path, factory=f"{broken}:build")
+    assert f"importing {broken.as_posix()} failed at {broken.as_posix()}:3: SyntaxError" in stderr
+    missing = tmp_path / "missing_import.py"
+    missing.write_text("\nimport not_a_module_anywhere\n")
+    status, stderr = _cli_compile(tmp_path, factory=f"{missing}:build")
+    assert f"failed at {missing.as_posix()}:2: ModuleNotFoundError" in stderr, stderr
+
+
 def test_cli_compile_unknown_model_lists_the_models(tmp_path: Path) -> None:
     status, _, stderr = run_cli(
         "compile",
