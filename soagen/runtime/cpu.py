@@ -122,14 +122,14 @@ def _from_environment(text: str) -> tuple[int | None, int | None]:
     if not text.strip():
         return 1, 1
     parts = [part.strip() for part in text.split(",")]
+    counts: list[int] = []
     try:
-        if len(parts) == 1:
-            return int(parts[0]), 1
-        if len(parts) == 2:
-            return int(parts[0]), int(parts[1])
+        counts = [int(part) for part in parts]
     except ValueError:
         pass
+    if len(counts) in (1, 2) and all(count >= 1 for count in counts):
+        return counts[0], counts[1] if len(counts) == 2 else 1
     raise ValueError(
-        f"{ENVIRONMENT_VARIABLE}={text!r}: expected a thread count, or two (intra-op,inter-op), "
-        f"e.g. {ENVIRONMENT_VARIABLE}=4 or {ENVIRONMENT_VARIABLE}=4,1"
+        f"{ENVIRONMENT_VARIABLE}={text!r}: expected a positive thread count, or two "
+        f"(intra-op,inter-op), e.g. {ENVIRONMENT_VARIABLE}=4 or {ENVIRONMENT_VARIABLE}=4,1"
     )
