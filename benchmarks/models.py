@@ -39,11 +39,12 @@ def build_mlp(seed: int = 0) -> HitMlp:
 
 class GnnColumnsFirst(nn.Module):
     """The edge classifier on SoA blocks read in place as dense arrays, padding included:
-    node features [4, PN], edge_index [2, PI] (int64 pitch), edge features [2, PF] (float32 pitch).
+    node features [4, PN], edge_index [2, PI] (int64 pitch), edge features [2, PF] (float32 pitch),
+    and `edge_count`, any array of E elements (its shape says how many edges are real).
 
-    The float32 pitch holds at least as many rows as the int64 one (rounded up to 32 against 16
-    elements for 128-byte alignment), so the edge features are cut to the index's row count; the
-    result has PI rows, which fit in the float32 score column (PF rows).
+    Padding edges must not count: their messages would be summed into real nodes. So the edges
+    are cut to the first E (ONNX Runtime's Slice copies those rows of edge_index and the edge
+    features); padding nodes are encoded and never read. The result has E rows.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -51,8 +52,14 @@ class GnnColumnsFirst(nn.Module):
         self.model = model
 
     def forward(
-        self, node_columns: torch.Tensor, edge_index: torch.Tensor, edge_columns: torch.Tensor
+        self,
+        node_columns: torch.Tensor,
+        edge_index: torch.Tensor,
+        edge_columns: torch.Tensor,
+        edge_count: torch.Tensor,
     ) -> torch.Tensor:
-        edges = edge_index.shape[1]
-        result: torch.Tensor = self.model(node_columns.t(), edge_index, edge_columns[:, :edges].t())
+        edges = edge_count.shape[0]
+        result: torch.Tensor = self.model(
+            node_columns.t(), edge_index[:, :edges], edge_columns[:, :edges].t()
+        )
         return result

@@ -1,4 +1,4 @@
-"""A small edge classifier over the tensors that `schemas/gnn.soa`'s EdgeClassifier binds.
+"""A small message-passing edge classifier over the tensors `schemas/gnn.soa`'s EdgeClassifier binds.
 
 forward(node_features [N, 4] float32, edge_index [2, E] int64, edge_features [E, 2] float32) -> [E]
 
@@ -12,13 +12,21 @@ from torch import nn
 
 
 class EdgeClassifierNet(nn.Module):
-    """Encodes nodes, then scores each edge from its two end nodes and its own features."""
+    """One round of message passing, then edge scores.
+
+    Nodes are encoded; each edge sends a message built from its two end nodes and its own
+    features; each node sums the messages it receives (`scatter_reduce`, which keeps ATen's kernel
+    under Inductor, where `index_add` becomes atomic loops) and updates its encoding; each edge is
+    scored from its two updated end nodes and its features.
+    """
 
     def __init__(self, hidden: int = 32) -> None:
         super().__init__()
         self.node_encoder = nn.Sequential(
             nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, hidden)
         )
+        self.message = nn.Sequential(nn.Linear(2 * hidden + 2, hidden), nn.ReLU())
+        self.node_update = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU())
         self.edge_scorer = nn.Sequential(
             nn.Linear(2 * hidden + 2, hidden), nn.ReLU(), nn.Linear(hidden, 1)
         )
@@ -26,11 +34,26 @@ class EdgeClassifierNet(nn.Module):
     def forward(
         self, node_features: torch.Tensor, edge_index: torch.Tensor, edge_features: torch.Tensor
     ) -> torch.Tensor:
+        source_index, target_index = edge_index[0], edge_index[1]
         nodes = self.node_encoder(node_features)
-        source = nodes.index_select(0, edge_index[0])
-        target = nodes.index_select(0, edge_index[1])
-        logits = self.edge_scorer(torch.cat([source, target, edge_features], dim=1))
-        return torch.sigmoid(logits).squeeze(1)
+        messages = self.message(self._edge_inputs(nodes, source_index, target_index, edge_features))
+        receivers = target_index.unsqueeze(1).expand_as(messages)
+        received = torch.zeros_like(nodes).scatter_reduce(0, receivers, messages, reduce="sum")
+        nodes = self.node_update(torch.cat([nodes, received], dim=1))
+        edges = self._edge_inputs(nodes, source_index, target_index, edge_features)
+        return torch.sigmoid(self.edge_scorer(edges)).squeeze(1)
+
+    @staticmethod
+    def _edge_inputs(
+        nodes: torch.Tensor,
+        source_index: torch.Tensor,
+        target_index: torch.Tensor,
+        edge_features: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each edge's two end nodes and its own features, side by side."""
+        source = nodes.index_select(0, source_index)
+        target = nodes.index_select(0, target_index)
+        return torch.cat([source, target, edge_features], dim=1)
 
 
 def build_model(seed: int = 0) -> EdgeClassifierNet:

@@ -361,9 +361,10 @@ def _build_model(factory: str, device: torch.device) -> tuple[torch.nn.Module, M
 def _raised_at(error: BaseException, path: Path) -> str:
     """` at FILE:LINE`: the last line of the factory file the error passed through, so that a
     failing factory is found without its traceback."""
-    if isinstance(error, SyntaxError) and error.lineno is not None:
-        return f" at {path.as_posix()}:{error.lineno}"
     target = path.resolve()
+    if isinstance(error, SyntaxError) and error.lineno is not None and error.filename:
+        if Path(error.filename).resolve() == target:
+            return f" at {path.as_posix()}:{error.lineno}"
     lines = [
         line
         for frame, line in traceback.walk_tb(error.__traceback__)

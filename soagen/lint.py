@@ -26,7 +26,7 @@ from typing import Any
 
 from soagen.config import Config, ConfigError, find_config
 from soagen.diagnostics import Diagnostic, Span, did_you_mean
-from soagen.dsl.ir import DEFAULT_ALIGN, Layout, Member, MemberKind, SchemaFile
+from soagen.dsl.ir import DEFAULT_ALIGN, Binding, Layout, Member, MemberKind, SchemaFile
 from soagen.dsl.loader import load
 from soagen.dtypes import INTEGER_DTYPES
 from soagen.names import to_pascal_case, to_snake_case
@@ -119,19 +119,27 @@ def _check_binding_names(context: FileContext, rule: Rule) -> Iterator[Diagnosti
                 )
 
 
+def _holds_integers(context: FileContext, binding: Binding) -> bool:
+    layout = context.layouts.get(binding.layout_name)
+    member = layout.member(binding.member_names[0]) if layout is not None else None
+    return member is not None and member.dtype_name in INTEGER_DTYPES
+
+
 def _check_index_inputs(context: FileContext, rule: Rule) -> Iterator[Diagnostic]:
     for model in context.file.models:
         for binding in model.inputs:
-            layout = context.layouts.get(binding.layout_name)
-            member = layout.member(binding.member_names[0]) if layout is not None else None
-            if member is None or member.dtype_name not in INTEGER_DTYPES or binding.indexes:
+            if binding.indexes or not _holds_integers(context, binding):
                 continue
-            others = [other.name for other in model.inputs if other.name != binding.name]
+            # Suggest an input that holds no integers itself: what an index usually numbers.
+            others = sorted(
+                (other for other in model.inputs if other.name != binding.name),
+                key=lambda other: _holds_integers(context, other),
+            )
             yield rule.finding(
                 f"integer input `{model.name}.{binding.name}` does not say which input's elements "
                 "it numbers: its values go unchecked",
                 binding.span,
-                f"write `indexes {others[0] if others else 'NAME'}` (the input it indexes) after "
+                f"write `indexes {others[0].name if others else 'NAME'}` (the input it indexes) after "
                 "the block, or ignore INTEGER_INPUT_INDEXES if its values are not element numbers",
             )
 

@@ -331,6 +331,7 @@ THREADS_PROGRAM = textwrap.dedent(
         ("many", None, "SOAGEN_CPU_THREADS='many'"),
         ("0", None, "SOAGEN_CPU_THREADS='0': expected a positive thread count"),
         ("2,0", None, "SOAGEN_CPU_THREADS='2,0'"),
+        ("+3", None, "SOAGEN_CPU_THREADS='+3'"),
         # torch's own variable chose the intra-op count (the program then sets 2): it stays.
         (None, "3", "2 1"),
         ("1", "3", "1 1"),  # soagen's variable decides

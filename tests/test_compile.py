@@ -724,6 +724,12 @@ def test_a_failing_factory_is_named_with_its_line(tmp_path: Path) -> None:
     broken.write_text("import torch\n\nx = 1 +\n")
     status, stderr = _cli_compile(tmp_path, factory=f"{broken}:build")
     assert f"importing {broken.as_posix()} failed at {broken.as_posix()}:3: SyntaxError" in stderr
+    # A syntax error in a module the factory imports: the factory's importing line.
+    (tmp_path / "helper_with_error.py").write_text("\n\n\n\ny = (\n")
+    importing = tmp_path / "importing.py"
+    importing.write_text("import helper_with_error\n")
+    status, stderr = _cli_compile(tmp_path, factory=f"{importing}:build")
+    assert f"failed at {importing.as_posix()}:1: SyntaxError" in stderr, stderr
     missing = tmp_path / "missing_import.py"
     missing.write_text("\nimport not_a_module_anywhere\n")
     status, stderr = _cli_compile(tmp_path, factory=f"{missing}:build")

@@ -430,6 +430,21 @@ CASES = [
         ["output `pq`", "scalar `p`", "one value per collection"],
         ["column"],
     ),
+    # `indexes` with its name missing is reported where the name should be, not a line later.
+    (
+        "SOA001",
+        "layout N {\n    column int32 x, y\n}\nmodel M {\n    input nodes = N{x}\n"
+        "    input edges = N{y} indexes\n    \u2038output z = N{x}\n}\n",
+        ["unexpected `output`", "the name of the input it indexes"],
+        [],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column int32 x, y\n}\nmodel M {\n    input nodes = N{x}\n"
+        "    input edges = N{y} indexes nodes \u2038as [n]\n    output z = N{x}\n}\n",
+        ["unexpected `as`"],
+        ["as [...] indexes NAME`, in that order"],
+    ),
     # `indexes` names another input of the model, on an integer input.
     (
         "SOA310",

@@ -405,8 +405,24 @@ def test_gpu_collections_travel_through_cuda_shared_memory(
         # Each block is copied once, on the GPU, into the region the server reads.
         stats = remote.stats
         assert (stats.bytes_copied, stats.bytes_shared, stats.bytes_to_host) == (copied, copied, 0)
+        # The index check reads two numbers back and raises here: no device-side assert, which
+        # would end this process's CUDA context.
+        host_nodes, host_edges = _event(300, 1000, 8)
+        host_edges.src[5] = 300  # not a node
+        nodes, edges = host_nodes.to("cuda"), host_edges.to("cuda")
+        out = EdgeScores.allocate(1000, device="cuda", zero=True)
+        with pytest.raises(IndexRangeError, match="edge_index"):
+            remote(nodes, edges, out=out)
+        edges.src[5] = 0
+        remote(nodes, edges, out=out)
+        assert bool((out.score > 0).all())
+    # Unchecked (the caller vouches for the indices), a call copies nothing between host and GPU.
+    with EdgeClassifier.remote(
+        server.url, access_token=server.token, index_bounds={"edge_index": None}
+    ) as remote:
         nodes, edges = (collection.to("cuda") for collection in _event(2_000, 20_000, 9))
         out = EdgeScores.allocate(edges.size, device="cuda")
+        remote(nodes, edges, out=out)  # registers the region
         stream = torch.cuda.current_stream()
         assert_no_host_device_copies(lambda: remote(nodes, edges, out=out), stream)
 

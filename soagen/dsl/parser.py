@@ -46,6 +46,8 @@ TERMINAL_WORDS: dict[str, str] = {
     "COLUMN": "`column`",
     "SCALAR": "`scalar`",
     "AS": "`as`",
+    "INDEXES": "`indexes`",
+    "INDEXED_NAME": "the name of the input it indexes",
     "$END": "the end of the file",
 }
 
@@ -176,7 +178,7 @@ _KEYWORDS = {"import", "layout", "model", "align", "column", "scalar", "as", "in
 def _syntax_hint(token: Token, expected: set[str]) -> str | None:
     if "NAME" in expected and str(token) in _KEYWORDS:
         return f"`{token}` is a keyword of the .soa language; choose another name"
-    if token.type == "NAME":
+    if token.type in ("NAME", "INDEXED_NAME"):
         keywords = [word for word in sorted(_KEYWORDS) if word.upper() in expected]
         keywords += ["input", "output"] if "DIRECTION" in expected else []
         hint = did_you_mean(str(token), keywords)
@@ -184,6 +186,8 @@ def _syntax_hint(token: Token, expected: set[str]) -> str | None:
             return hint
     if token.type == "$END" and "RBRACE" in expected:
         return "a `{` is not closed"
+    if token.type == "AS" and "DIRECTION" in expected:
+        return "a binding reads `input NAME = Layout{...} as [...] indexes NAME`, in that order"
     return None
 
 

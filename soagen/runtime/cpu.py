@@ -122,12 +122,9 @@ def _from_environment(text: str) -> tuple[int | None, int | None]:
     if not text.strip():
         return 1, 1
     parts = [part.strip() for part in text.split(",")]
-    counts: list[int] = []
-    try:
-        counts = [int(part) for part in parts]
-    except ValueError:
-        pass
-    if len(counts) in (1, 2) and all(count >= 1 for count in counts):
+    # ASCII digits only: int() would also take "+3", "1_0" and other scripts' digits.
+    counts = [int(part) for part in parts if part.isascii() and part.isdigit()]
+    if len(counts) == len(parts) and len(counts) in (1, 2) and all(count >= 1 for count in counts):
         return counts[0], counts[1] if len(counts) == 2 else 1
     raise ValueError(
         f"{ENVIRONMENT_VARIABLE}={text!r}: expected a positive thread count, or two "

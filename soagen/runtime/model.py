@@ -216,9 +216,9 @@ class ModelBinding:
 
         `stream`: a CUDA stream to run on instead of the caller's current one. `batch_size`: run in
         slices of at most this many elements (rounded up so every slice starts aligned); all bound
-        collections must then have the same size. The slices' results are held in scratch output
-        collections (one more output-sized buffer) and written into `outputs` once every slice has
-        run, so a failing slice writes nothing.
+        collections must then have the same size. With more than one slice, the results are held
+        in a scratch copy of each output collection and written into `outputs` once every slice
+        has run, so a failing slice writes nothing.
         """
         cls = type(self)
         collections = [*inputs.values(), *outputs.values()]
@@ -248,6 +248,9 @@ class ModelBinding:
                 self._run_once(inputs, outputs, device)
                 return
             slices = list(_batches(cls, inputs, outputs, batch_size))
+            if len(slices) <= 1:
+                self._run_once(inputs, outputs, device)
+                return
             # Slices write into scratch collections, and the output blocks take their results once
             # every slice has run: a slice that fails leaves the outputs as they were.
             scratch = {id(c): type(c).allocate(c.size, device) for c in outputs.values()}
@@ -298,12 +301,18 @@ class ModelBinding:
         self._evaluate(inputs, device, targets)
 
     def _check_index_ranges(
-        self, inputs: Mapping[str, Collection], views: Sequence[torch.Tensor]
+        self,
+        inputs: Mapping[str, Collection],
+        views: Sequence[torch.Tensor],
+        *,
+        on_host: bool = False,
     ) -> None:
-        """The `index_bounds` checks, on the input views in schema order."""
+        """The `index_bounds` checks, on the input views in schema order; `on_host`: raise
+        `IndexRangeError` for device data too (see `_check_index_range_on_host`)."""
+        check = _check_index_range_on_host if on_host else _check_index_range
         for index_name, bound_name in self.index_bounds.items():
             indices = views[self._input_position[index_name]]
-            _check_index_range(type(self), index_name, indices, bound_name, inputs[bound_name].size)
+            check(type(self), index_name, indices, bound_name, inputs[bound_name].size)
 
     def _evaluate(
         self,
@@ -492,6 +501,14 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
 
     if indices.numel() == 0:
         return
+    low, high = _device_extremes(indices)
+    torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
+
+
+def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest and largest index, reduced on the indices' device (non-empty indices)."""
+    import torch
+
     # The reduction covers the signed types; a uint64 seen as int64 turns every value past 2**63
     # negative (out of range either way), narrower unsigned types widen exactly.
     if indices.dtype == torch.uint64:
@@ -499,7 +516,28 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
     elif indices.dtype in (torch.uint16, torch.uint32):
         indices = indices.to(torch.int64)
     low, high = torch.aminmax(indices)
-    torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
+    return low, high
+
+
+def _check_index_range_on_host(
+    cls: type[ModelBinding],
+    index_name: str,
+    indices: torch.Tensor,
+    bound_name: str,
+    bound: int,
+) -> None:
+    """The range check with an `IndexRangeError` wherever the indices are: on a device the two
+    extremes are read back (a host sync), for callers that wait for the device anyway (a remote
+    call) and must not end the process's CUDA context with a device-side assert."""
+    if indices.is_cpu:
+        _check_index_range(cls, index_name, indices, bound_name, bound)
+        return
+    if indices.numel() == 0:
+        return
+    low, high = (int(value) for value in _device_extremes(indices))
+    if low < 0 or high >= bound:
+        message = _index_message(cls, index_name, bound_name, bound)
+        raise IndexRangeError(f"{message} (values {low}..{high})")
 
 
 def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:

@@ -293,6 +293,12 @@ class _RegionPool:
             if region in self.all:
                 self.free.append(region)
 
+    def drop(self, region: _Region) -> None:
+        """Forget a region taken from the pool (its owner destroys it)."""
+        with self.lock:
+            if region in self.all:
+                self.all.remove(region)
+
     def forget_registrations(self) -> None:
         with self.lock:
             self.generation += 1
@@ -463,8 +469,12 @@ class RemoteBinding(ModelBinding):
         with self._in_flight_call():
             self.stats.add(calls=1)
             if self.index_bounds:
+                # On a GPU's data the extremes are read back: the call waits for the GPU anyway,
+                # and a device-side assert would end this process's CUDA context.
                 self._check_index_ranges(
-                    inputs, [inputs[spec.name].block(spec.block) for spec in cls.INPUTS]
+                    inputs,
+                    [inputs[spec.name].block(spec.block) for spec in cls.INPUTS],
+                    on_host=True,
                 )
             try:
                 with self._remote_results(inputs, targets, device) as results:
@@ -526,8 +536,14 @@ class RemoteBinding(ModelBinding):
             yield self._read(response, targets, request)
         finally:
             if region is not None:
-                region.settle()
-                self._pool.give_back(region)
+                try:
+                    region.settle()
+                finally:
+                    if region.device is not None and not self._cuda_regions:
+                        self._pool.drop(region)  # refused by the server: free its GPU memory
+                        region.destroy()
+                    else:
+                        self._pool.give_back(region)
 
     def _configure(self) -> None:
         """Read the served model's configuration once: each binding's tensor in storage order
@@ -577,7 +593,17 @@ class RemoteBinding(ModelBinding):
         if device.type == "cuda" and self._cuda_regions is None:
             self._cuda_regions = _cuda_shared_memory() is not None
         on_gpu = device.type == "cuda" and bool(self._cuda_regions)
-        region, replaced = self._pool.take(max(size, 1), device if on_gpu else None)
+        try:
+            region, replaced = self._pool.take(max(size, 1), device if on_gpu else None)
+        except Exception as error:
+            if not on_gpu:
+                raise
+            # No GPU memory for it, or cuda-python at odds with the driver: host memory instead.
+            self._cuda_regions = False
+            self.cuda_shared_memory_refusal = (
+                f"a CUDA shared-memory region could not be made: {type(error).__name__}: {error}"
+            )
+            region, replaced = self._pool.take(max(size, 1), None)
         if replaced is not None:
             self._unregister(replaced)
             replaced.destroy()
