@@ -179,13 +179,13 @@ def test_the_host_index_check_raises_for_gpu_indices_and_leaves_cuda_usable(
 ) -> None:
     # What a remote call on a GPU's data runs: the extremes are read back, no device-side assert.
     from soagen.runtime import IndexRangeError
-    from soagen.runtime.model import _check_index_range_on_host
+    from soagen.runtime.model import _check_index_range
 
     binding = gnn.EdgeClassifier
     good = torch.tensor([[0, 1, 29], [2, 3, 4]], dtype=dtype, device="cuda")
-    _check_index_range_on_host(binding, "edge_index", good, "node_features", 30)
+    _check_index_range(binding, "edge_index", good, "node_features", 30, on_host=True)
     bad = good.clone()
     bad[1, 2] = 30
     with pytest.raises(IndexRangeError, match=r"outside \[0, 30\).*\(values 0\.\.30\)"):
-        _check_index_range_on_host(binding, "edge_index", bad, "node_features", 30)
+        _check_index_range(binding, "edge_index", bad, "node_features", 30, on_host=True)
     assert float(torch.ones(3, device="cuda").sum()) == 3.0  # the context still works

@@ -308,11 +308,11 @@ class ModelBinding:
         on_host: bool = False,
     ) -> None:
         """The `index_bounds` checks, on the input views in schema order; `on_host`: raise
-        `IndexRangeError` for device data too (see `_check_index_range_on_host`)."""
-        check = _check_index_range_on_host if on_host else _check_index_range
+        `IndexRangeError` for device data too (see `_check_index_range`)."""
         for index_name, bound_name in self.index_bounds.items():
             indices = views[self._input_position[index_name]]
-            check(type(self), index_name, indices, bound_name, inputs[bound_name].size)
+            size = inputs[bound_name].size
+            _check_index_range(type(self), index_name, indices, bound_name, size, on_host=on_host)
 
     def _evaluate(
         self,
@@ -440,16 +440,23 @@ def _check_index_range(
     indices: torch.Tensor,
     bound_name: str,
     bound: int,
+    *,
+    on_host: bool = False,
 ) -> None:
     """Indices must lie in [0, bound). On a GPU the check is queued on the stream, so the host does
-    not wait for it; a failure there is a device-side assert instead of a silent wild access."""
-    if not indices.is_cpu:
-        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
-        return
+    not wait for it; a failure there is a device-side assert instead of a silent wild access. With
+    `on_host` the two extremes are read back instead (a host sync) and a failure raises
+    `IndexRangeError`: for callers that wait for the device anyway (a remote call), and must not
+    end the process's CUDA context with a device-side assert."""
     count, rank = indices.numel(), indices.dim()
     if not count:
         return
-    if count <= 64 and rank <= 2:
+    if not indices.is_cpu:
+        if not on_host:
+            _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
+            return
+        low, high = (int(value) for value in _device_extremes(indices))
+    elif count <= 64 and rank <= 2:
         # A few values: Python's min and max over `tolist()` beat any reduction's fixed cost.
         values: typing.Any = indices.tolist()  # an int, a list, or a list of lists
         flat: list[int] = (
@@ -517,27 +524,6 @@ def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
         indices = indices.to(torch.int64)
     low, high = torch.aminmax(indices)
     return low, high
-
-
-def _check_index_range_on_host(
-    cls: type[ModelBinding],
-    index_name: str,
-    indices: torch.Tensor,
-    bound_name: str,
-    bound: int,
-) -> None:
-    """The range check with an `IndexRangeError` wherever the indices are: on a device the two
-    extremes are read back (a host sync), for callers that wait for the device anyway (a remote
-    call) and must not end the process's CUDA context with a device-side assert."""
-    if indices.is_cpu:
-        _check_index_range(cls, index_name, indices, bound_name, bound)
-        return
-    if indices.numel() == 0:
-        return
-    low, high = (int(value) for value in _device_extremes(indices))
-    if low < 0 or high >= bound:
-        message = _index_message(cls, index_name, bound_name, bound)
-        raise IndexRangeError(f"{message} (values {low}..{high})")
 
 
 def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
