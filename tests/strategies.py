@@ -19,7 +19,7 @@ from __future__ import annotations
 import keyword
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hypothesis import settings
@@ -169,6 +169,7 @@ class BindingCase:
     members: tuple[str, ...]
     axes: tuple[str, ...] | None
     doc_lines: tuple[str, ...]
+    indexes: str | None = None  # `indexes NAME`: on integer inputs, another input of the model
 
     @property
     def doc(self) -> str | None:
@@ -327,9 +328,15 @@ def _model_text(model: ModelCase, style: _Style) -> list[str]:
         if binding.axes is not None:
             axes = [a if a in ("n", "c") else style.number(int(a)) for a in binding.axes]
             text += f"{sp}as{sp}[" + f",{sp}".join(axes) + "]"
+        if binding.indexes is not None:
+            text += f"{sp}indexes{sp}{binding.indexes}"
         lines.append(text + style.comment())
     lines.append("}")
     return [line + nl for line in lines] + [nl]
+
+
+def _layout_named(layouts: list[LayoutCase], name: str) -> LayoutCase:
+    return next(layout for layout in layouts if layout.name == name)
 
 
 @st.composite
@@ -374,6 +381,20 @@ def valid_schemas(
                     direction, binding_name, layout.name, members, axes, _docs(draw, sentinel, 1)
                 )
             )
+        # Some integer inputs say which other input's elements they number.
+        inputs = [b.name for b in bindings if b.direction == "input"]
+        for position, binding in enumerate(bindings):
+            first = {m.name: m for m in _layout_named(layouts, binding.layout).members}[
+                binding.members[0]
+            ]
+            others = [other for other in inputs if other != binding.name]
+            if (
+                binding.direction == "input"
+                and first.dtype.startswith(("int", "uint"))
+                and others
+                and draw(st.booleans())
+            ):
+                bindings[position] = replace(binding, indexes=draw(st.sampled_from(others)))
         models.append(ModelCase(name, tuple(bindings), _docs(draw, sentinel)))
     files: dict[str, str] = {}
     module_docs: dict[str, str | None] = {}
