@@ -426,7 +426,7 @@ ODD_TOKENS = [
     "\u00e9", "\u540d", "\u0661", "\uff11", "\u2028", "\u2029", "\x00", "\x0c", "\x0b", "\x85",
     "\ufeff", "\u200b", "\t", "\r", "\r\n", '"', '"dep.soa"', '"missing.soa"', '"schema.soa"',
     '"/dev/zero"', '"."', '""', "///", "/// doc", "//!", "//", "#", "/*",
-    "import", "layout", "model", "align", "column", "scalar", "input", "output",
+    "import", "layout", "model", "align", "column", "scalar", "input", "output", "indexes",
     "class", "None", "_private", "size", "buffer", "property", "int", "run",
     "{" * 500, "[" * 500, "}" * 50, "layout A {" * 200,
 ]  # fmt: skip
