@@ -32,7 +32,7 @@ medians; the JSON keeps min/median/max and page faults per call. One intra-op th
 malloc tuning apply to every path, in this process, as in a reconstruction job
 (`--no-malloc-tuning` to compare).
 
-    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), ~12 min on 2 cores
+    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), ~6 min on 2 cores
     python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats (~70 s here)
 """
 
@@ -414,7 +414,7 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
 def gnn_case(n: int, device: str, tools: Tools) -> Case:
     module = tools.modules["gnn"]
     n_nodes = max(2, n // 10)
-    # Zeroed buffers: the padding rows of src/dst are then node 0, valid for ORT's in-place path.
+    # Zeroed buffers (ORT's in-place path cuts the padding edges; padding nodes are never read).
     nodes = module.Nodes.allocate(n_nodes, device=device, zero=True)
     edges = module.Edges.allocate(n, device=device, zero=True)
     scores = module.EdgeScores.allocate(n, device=device, zero=True)

@@ -455,7 +455,9 @@ def _check_index_range(
         if not on_host:
             _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
             return
-        low, high = (int(value) for value in _device_extremes(indices))
+        import torch
+
+        low, high = torch.stack(_device_extremes(indices)).tolist()  # one wait for the device
     elif count <= 64 and rank <= 2:
         # A few values: Python's min and max over `tolist()` beat any reduction's fixed cost.
         values: typing.Any = indices.tolist()  # an int, a list, or a list of lists

@@ -299,6 +299,14 @@ class _RegionPool:
             if region in self.all:
                 self.all.remove(region)
 
+    def drop_free_on_gpus(self) -> list[_Region]:
+        """Forget the free CUDA regions and return them (the caller destroys them)."""
+        with self.lock:
+            dropped = [region for region in self.free if region.device is not None]
+            self.free = [region for region in self.free if region.device is None]
+            self.all = [region for region in self.all if region not in dropped]
+            return dropped
+
     def forget_registrations(self) -> None:
         with self.lock:
             self.generation += 1
@@ -540,8 +548,12 @@ class RemoteBinding(ModelBinding):
                     region.settle()
                 finally:
                     if region.device is not None and not self._cuda_regions:
-                        self._pool.drop(region)  # refused by the server: free its GPU memory
-                        region.destroy()
+                        # CUDA regions are off (refused, or one could not be made): free this
+                        # one's GPU memory, and the free ones', registered or not.
+                        self._pool.drop(region)
+                        for unused in [region, *self._pool.drop_free_on_gpus()]:
+                            self._unregister(unused)
+                            unused.destroy()
                     else:
                         self._pool.give_back(region)
 
