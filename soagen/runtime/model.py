@@ -68,9 +68,10 @@ class ModelBinding:
         NAME, before each call, because an out-of-range index inside compiled kernels aborts the
         process or reads out of bounds instead of raising. `index_bounds` adds bounds or replaces
         them (`{"edge_index": "node_features"}`), or turns one off (`{"edge_index": None}`); `.pt2`
-        packages bring the bounds they were compiled with. `contiguous` names inputs to hand over as one device-local contiguous copy
-        per call instead of the strided view: for models whose own operations on the column-major
-        `[n, c]` view (a `torch.cat` with row-major tensors, row gathers) cost more than the copy.
+        packages bring the bounds they were compiled with. `contiguous` names inputs to hand over
+        as one device-local contiguous copy per call instead of the strided view: for models whose
+        own operations on the column-major `[n, c]` view (a `torch.cat` with row-major tensors, row
+        gathers) cost more than the copy.
         """
         from soagen.runtime.backends import load_backend
 
