@@ -1,4 +1,5 @@
-"""The `soagen` command: generate, show, check, explain.
+"""The `soagen` entry point: the argument parser, and generate, show, check, explain and compile.
+The schema tooling (lint, fmt, breaking, completion), `triton` and `serve` live in their own modules.
 
 Exit codes: 0 success, 1 schema errors or stale generated files, 2 usage errors (bad arguments,
 missing paths). Nothing here imports torch.

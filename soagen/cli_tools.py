@@ -10,10 +10,11 @@ import argparse
 import difflib
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths, path_argument
+from soagen.completion import GENERATORS, script
 from soagen.diagnostics import Diagnostic, render_github, render_text, to_json_object
 
 CommandFactory = Callable[..., argparse.ArgumentParser]
@@ -100,7 +101,7 @@ def add_commands(factory: CommandFactory) -> None:
     )
 
     completion = factory("completion", "print a shell completion script")
-    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
+    completion.add_argument("shell", choices=tuple(GENERATORS), help="the shell")
 
 
 def _counted(count: int, word: str) -> str:
@@ -282,7 +283,6 @@ def cmd_breaking(args: argparse.Namespace, output: _Output) -> int:
 
 def cmd_completion(args: argparse.Namespace, output: _Output) -> int:
     from soagen.cli import _parser
-    from soagen.completion import script
 
     sys.stdout.write(script(args.shell, _parser(), all_codes()))
     return EXIT_OK
@@ -321,7 +321,3 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, _Output], int]] = {
 
 def run(name: str, args: argparse.Namespace, output: _Output) -> int:
     return HANDLERS[name](args, output)
-
-
-def command_names() -> Sequence[str]:
-    return tuple(HANDLERS)

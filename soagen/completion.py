@@ -11,8 +11,6 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-SHELLS = ("bash", "zsh", "fish")
-
 
 @dataclass(frozen=True, slots=True)
 class Option:

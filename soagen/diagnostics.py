@@ -228,9 +228,9 @@ EXPLANATIONS: dict[str, str] = {
         """
         A name cannot be used in the generated Python: it is not ASCII, it starts with `_`
         (reserved for the generated code), it is a Python keyword (`class`, `lambda`, `None`, ...;
-        soft keywords such as `type` and `match` are allowed), or it is an attribute every
-        generated class already has: `size`, `buffer`, `allocate`, `view`, ... for members, `run`,
-        `load`, `backend`, ... for bindings (the lists are in soagen/names.py). Rename it.
+        soft keywords such as `type` and `match` are allowed), or, for a member, an attribute every
+        generated layout class already has: `size`, `buffer`, `allocate`, `view`, ... (the list
+        is in soagen/names.py). Rename it.
 
         Gives SOA107:
 

@@ -17,7 +17,6 @@ Nothing here imports torch or numpy.
 
 from __future__ import annotations
 
-import keyword
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from soagen.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import DEFAULT_ALIGN, Binding, Layout, Member, MemberKind, SchemaFile
 from soagen.dsl.loader import load
 from soagen.dtypes import INTEGER_DTYPES
-from soagen.names import to_pascal_case, to_snake_case
+from soagen.names import is_python_keyword, to_pascal_case, to_snake_case
 
 # Each category holds the rules of the ones before it.
 CATEGORIES = ("MINIMAL", "BASIC", "STANDARD")
@@ -72,7 +71,7 @@ SNAKE_CASE = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*\Z")
 
 
 def _rename_hint(suggestion: str) -> str:
-    if keyword.iskeyword(suggestion) or keyword.issoftkeyword(suggestion):
+    if is_python_keyword(suggestion):
         return f"rename it: `{suggestion}` would be a Python keyword, try `{suggestion}_value`"
     return f"rename it `{suggestion}`"
 
@@ -293,8 +292,8 @@ RULES: tuple[Rule, ...] = (
         "numbers. With `indexes NAME`, every call checks each value against NAME's element count "
         "first. Without it, a value out of range aborts the whole process inside a compiled "
         "(AOTInductor) model, under `soagen serve` the server and every client's events with it, "
-        "and a negative value can silently read from the end (Inductor's kernels, `x[index]`). Ignore the rule for integer inputs "
-        "whose values are not element numbers of another input (counts, or rows of an "
+        "and a negative value can silently read from the end (Inductor's kernels, `x[index]`). "
+        "Ignore the rule for integer inputs whose values are not element numbers of another input (counts, or rows of an "
         "embedding table inside the model).",
         _check_index_inputs,
     ),
@@ -323,7 +322,8 @@ RULES: tuple[Rule, ...] = (
         "BINDING_SNAKE_CASE",
         "BASIC",
         "input and output names are snake_case",
-        "Bindings become keyword arguments and attributes of the generated model class.",
+        "Binding names are the keys users type (`index_bounds=`, `contiguous=`) and the tensor names "
+        "of a Triton model; PEP 8 spells such names in snake_case.",
         _check_binding_names,
     ),
     Rule(
@@ -421,7 +421,7 @@ def path_matches(pattern: str, path: Path, root: Path) -> bool:
         relative = path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return False
-    regex = _glob_regex(pattern.lstrip("./") if pattern.startswith("./") else pattern)
+    regex = _glob_regex(pattern.removeprefix("./"))
     if "/" not in pattern:
         return bool(regex.match(relative.rsplit("/", 1)[-1]))
     return bool(regex.match(relative))

@@ -1,8 +1,10 @@
 """Names a schema may not use, because the generated module already uses them.
 
 Generated modules keep their own names private (a leading `_`, which schema names cannot start with),
-so the only clashes left are Python keywords and the public members every generated class inherits.
-A test checks these sets against the runtime classes so the two cannot drift apart.
+so the only clashes left are Python keywords and the public members every generated layout class
+inherits. A test checks that set against the runtime classes so the two cannot drift apart. Binding
+names become no attributes (they are keys of `INPUTS`, `OUTPUTS`, `index_bounds=` and `contiguous=`),
+so only keywords are refused for them.
 """
 
 from __future__ import annotations
@@ -39,22 +41,6 @@ COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
         "to",
         "view",
         "wrap",
-    }
-)
-
-# Public attributes of `soagen.runtime.ModelBinding` and of the generated model classes.
-MODEL_ATTRIBUTES: frozenset[str] = frozenset(
-    {
-        "INPUTS",
-        "OUTPUTS",
-        "NAME",
-        "SCHEMA",
-        "backend",
-        "binding",
-        "load",
-        "protect_inputs",
-        "remote",
-        "run",
     }
 )
 

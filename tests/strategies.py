@@ -26,7 +26,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from soagen.dsl.check import CLASS_BODY_BUILTINS, MODULE_BUILTINS
-from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES
+from soagen.names import COLLECTION_ATTRIBUTES
 
 from .test_layout_reference import SIZES, RefMember, adjacent_alike_run, axis_orders
 
@@ -70,7 +70,7 @@ def is_valid_name(name: str, reserved: frozenset[str] = frozenset(), keywords: b
 
 LAYOUT_RESERVED = frozenset(MODULE_BUILTINS)
 MEMBER_RESERVED = frozenset(COLLECTION_ATTRIBUTES | CLASS_BODY_BUILTINS)
-BINDING_RESERVED = frozenset(MODEL_ATTRIBUTES)
+BINDING_RESERVED: frozenset[str] = frozenset()
 
 IDENTIFIERS = st.one_of(
     st.sampled_from(TRICKY_NAMES),

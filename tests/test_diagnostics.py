@@ -198,9 +198,9 @@ CASES = [
     ),
     (
         "SOA107",
-        "layout A {\n    column float32 x\n}\nmodel M {\n    input \u2038run = A{x}\n"
+        "layout A {\n    column float32 x\n}\nmodel M {\n    input \u2038def = A{x}\n"
         "    output b = A{x}\n}\n",
-        ["binding `run`", "reserved"],
+        ["binding `def`", "Python keyword"],
         [],
     ),
     (

@@ -290,3 +290,22 @@ def test_lint_and_dsl_import_no_torch_or_numpy() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches"),
+    [
+        ("./.legacy/*.soa", True),  # `./` is dropped, the dot of `.legacy` kept
+        (".legacy/*.soa", True),
+        ("legacy/*.soa", False),
+        ("*.soa", True),  # no slash: the file name alone
+        ("./*.soa", False),  # a slash: the path from the config's folder
+    ],
+)
+def test_per_file_patterns_keep_leading_dots(tmp_path: Path, pattern: str, matches: bool) -> None:
+    from soagen.lint import path_matches
+
+    (tmp_path / ".legacy").mkdir()
+    schema = tmp_path / ".legacy" / "a.soa"
+    schema.write_text("")
+    assert path_matches(pattern, schema, tmp_path) is matches

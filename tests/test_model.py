@@ -442,3 +442,36 @@ def test_a_writing_package_is_not_handed_an_output_over_its_inputs(tmp_path: Pat
     before = hits.x.clone()
     module.Rescale(Sum())(hits, out=hits)
     assert torch.equal(hits.x, before + 1)
+
+
+def test_bindings_may_share_names_with_model_attributes(
+    generated_from_text: typing.Callable[[str], typing.Any],
+) -> None:
+    """Binding names are keys, never attributes: `run`, `close` and `index_bounds` clash with
+    nothing, and the calls and checks that take binding names still find them."""
+    module = generated_from_text(
+        "layout Hits {\n    column float32 x, y\n    column int64 near\n}\n"
+        "layout Out {\n    column float32 close\n}\n"
+        "model M {\n"
+        "    input run = Hits{x, y} as [n, c]\n"
+        "    input index_bounds = Hits{near} indexes run\n"
+        "    output close = Out{close}\n"
+        "}\n"
+    )
+
+    class Model(nn.Module):
+        def forward(self, points: torch.Tensor, near: torch.Tensor) -> torch.Tensor:
+            return points[near].sum(dim=1)
+
+    hits = module.Hits.allocate(5)
+    hits.x.copy_(torch.arange(5.0))
+    hits.y.fill_(1.0)
+    hits.near.copy_(torch.tensor([4, 3, 2, 1, 0]))
+    out = module.Out.allocate(5)
+    model = module.M.load(Model(), contiguous={"run"})
+    assert model.index_bounds == {"index_bounds": "run"}
+    model(hits, out=out)
+    assert out.close.tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
+    hits.near[0] = 5
+    with pytest.raises(IndexError, match="index_bounds"):
+        model(hits, out=out)

@@ -22,7 +22,7 @@ from soagen.dsl.ir import (
 )
 from soagen.dtypes import DTYPE_SPELLINGS, DTYPES, INTEGER_DTYPES
 from soagen.layout import block_axes, default_axes
-from soagen.names import COLLECTION_ATTRIBUTES, MODEL_ATTRIBUTES, is_python_keyword
+from soagen.names import COLLECTION_ATTRIBUTES, is_python_keyword
 
 # Builtins the generated module calls or names in annotations, and the `annotations` that its
 # `from __future__ import annotations` binds (mypy refuses a class redefining it). A layout or model
@@ -132,7 +132,7 @@ def check_names(schema_file: SchemaFile) -> list[Diagnostic]:
     for model in schema_file.models:
         bindings: dict[str, Span] = {}
         for binding in model.bindings:
-            problems += _name_problems(binding.name, binding.span, "binding", MODEL_ATTRIBUTES)
+            problems += _name_problems(binding.name, binding.span, "binding", frozenset())
             if binding.name in bindings:
                 problems.append(
                     Diagnostic(

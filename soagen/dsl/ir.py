@@ -179,9 +179,3 @@ class Schema:
         return f"{shown_path} has no model {name!r}; " + (
             f"its models are {known}" if known else "it declares no models"
         )
-
-    def file_of_layout(self, name: str) -> SchemaFile:
-        for f in self.files:
-            if any(layout.name == name for layout in f.layouts):
-                return f
-        raise KeyError(name)

@@ -77,10 +77,10 @@ def check_view(view: StridedView, nbytes: int, owner: str) -> int:
             f"(the size of {view.dtype})"
         )
     end = view.offset + span_bytes(view, itemsize)
-    if max(end, view.offset) > nbytes:
+    if end > nbytes:
         raise GeometryError(
             f"view {view.dtype}{list(view.shape)} with strides {view.strides} at byte offset "
-            f"{view.offset} reaches byte {max(end, view.offset)}, but the buffer of {owner} holds "
+            f"{view.offset} reaches byte {end}, but the buffer of {owner} holds "
             f"{nbytes} bytes"
         )
     return itemsize

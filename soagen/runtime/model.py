@@ -77,8 +77,8 @@ class ModelBinding:
 
         for spec in type(self).OUTPUTS:
             # A scalar is one value per collection, seen with stride 0 along n: it cannot take one
-            # output value per element (`soagen check` refuses such schemas; this guards hand-made
-            # specs).
+            # output value per element (the schema checker refuses such schemas with SOA309; this
+            # guards hand-made specs).
             if 0 in spec.block.view(2).strides:
                 raise BindingError(
                     f"{type(self).NAME}: output {spec.name!r} binds scalars of "
@@ -509,8 +509,6 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
     four passes of comparisons and their temporaries), then an assert on two scalars."""
     import torch
 
-    if indices.numel() == 0:
-        return
     low, high = _device_extremes(indices)
     torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
 

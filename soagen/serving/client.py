@@ -16,7 +16,8 @@ Copies. With shared memory (`shared_memory=`, by default when the server is on a
 each input block is copied once, from the collection's buffer into a system shared-memory region
 registered with the server (a `memcpy` per member column), and the server writes the outputs into
 the same region: nothing else crosses the socket but the request's description. Without it, each
-block is copied once into the request's bytes (NumPy's `tobytes`), which gRPC then serialises.
+host block is copied once into the request's bytes (NumPy's `tobytes`), which gRPC then serialises;
+a GPU block is first copied to host memory, so it is copied twice (`stats` counts both).
 Collections on a GPU use a CUDA shared-memory region on their GPU instead (`_CudaRegion`): each block
 is copied there on the GPU, on the caller's current stream, which is synchronised before the request
 goes (the server reads the region on its own streams); the server writes the outputs there, and they
@@ -763,7 +764,8 @@ class RemoteBinding(ModelBinding):
                 to_host += nbytes if on_gpu and region.device is None else 0
             else:
                 host, host_copies = _host_array(source, wire)
-                # NumPy's tobytes: the one copy, in wire order.
+                # NumPy's tobytes copies the block in wire order; a GPU block was copied to host
+                # memory before that (`host_copies`).
                 entry.set_data_from_numpy(host[None] if wire.batched else host)
                 copied += nbytes * (1 + host_copies)
                 to_host += nbytes * host_copies
