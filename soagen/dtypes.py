@@ -15,8 +15,8 @@ class DType:
     name: str
     itemsize: int
     torch_name: str
-    # None where NumPy has no such type: bfloat16 columns are read through NumPy as raw uint16.
-    numpy_name: str | None
+    # The NumPy type members are read as: NumPy has no bfloat16, so those are raw uint16 patterns.
+    numpy_name: str
     cpp_name: str
 
 
@@ -33,7 +33,7 @@ DTYPES: dict[str, DType] = {
         DType("uint32", 4, "uint32", "uint32", "uint32_t"),
         DType("uint64", 8, "uint64", "uint64", "uint64_t"),
         DType("float16", 2, "float16", "float16", "half"),
-        DType("bfloat16", 2, "bfloat16", None, "bfloat16"),
+        DType("bfloat16", 2, "bfloat16", "uint16", "bfloat16"),
         DType("float32", 4, "float32", "float32", "float"),
         DType("float64", 8, "float64", "float64", "double"),
     )

@@ -16,10 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind
-
-
-def round_up(size: int, align: int) -> int:
-    return -(-size // align) * align
+from soagen.runtime.geometry import round_up
 
 
 def column_pitch(n: int, itemsize: int, align: int) -> int:

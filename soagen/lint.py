@@ -554,13 +554,11 @@ def lint(
             report.diagnostics += fresh
             report.schema_errors += len(fresh)
             continue
-        for schema_file in result.schema.files:
-            for model in schema_file.models:
-                used.update(binding.layout_name for binding in model.bindings)
+        for model in result.schema.models.values():
+            used.update(binding.layout_name for binding in model.bindings)
         if result.schema.root.path not in seen_files:
             seen_files.add(result.schema.root.path)
-            visible = {layout.name: layout for f in result.schema.files for layout in f.layouts}
-            checked.append((path, result.schema.root, visible))
+            checked.append((path, result.schema.root, result.schema.layouts))
     findings: list[Diagnostic] = []
     for path, schema_file, visible in checked:
         file_config = config if config is not None else find_config(path)

@@ -152,9 +152,7 @@ def _numpy_dtype(dtype: str) -> numpy.dtype[typing.Any]:
 
     from soagen.dtypes import DTYPES
 
-    name = DTYPES[dtype].numpy_name
-    # NumPy has no bfloat16: such members are read through NumPy as their raw 16-bit patterns.
-    return np.dtype(getattr(np, name) if name is not None else np.uint16)
+    return np.dtype(getattr(np, DTYPES[dtype].numpy_name))
 
 
 class Collection:

@@ -29,6 +29,11 @@ GEOMETRY_CACHE_SIZE = 32
 Placement = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
+def round_up(size: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= `size`."""
+    return -(-size // multiple) * multiple
+
+
 def element_count(n: object, name: str = "n") -> int:
     """`n` as a non-negative int, or an error naming the argument."""
     if isinstance(n, bool):
@@ -110,11 +115,6 @@ def narrow(view: StridedView, axis: int | None, start: int, size: int, capacity:
     return tuple(shape), view.strides, offset + start * view.strides[axis]
 
 
-def block_axis(spec: BlockSpec) -> int | None:
-    """The dimension of a block that runs over elements."""
-    return spec.axes.index("n") if "n" in spec.axes else None
-
-
 class SizedGeometry:
     """Member and block geometry of one layout class for one n."""
 
@@ -165,7 +165,7 @@ class SizedGeometry:
             )
         view = spec.view(self.n)
         check_view(view, self.byte_size, cls.NAME)
-        found = (view, block_axis(spec))
+        found = (view, spec.element_axis)
         self.blocks[block] = found
         return found
 

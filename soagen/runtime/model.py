@@ -28,7 +28,7 @@ from soagen.runtime.errors import (
     InputModifiedError,
     OutputError,
 )
-from soagen.runtime.geometry import ITEMSIZE
+from soagen.runtime.geometry import ITEMSIZE, round_up
 from soagen.runtime.spec import BindingSpec, declared_index_bounds
 
 if typing.TYPE_CHECKING:
@@ -509,6 +509,8 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
     four passes of comparisons and their temporaries), then an assert on two scalars."""
     import torch
 
+    if indices.numel() == 0:  # aminmax has no identity
+        return
     low, high = _device_extremes(indices)
     torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
 
@@ -645,7 +647,7 @@ def _batches(
         collection = collections[spec.name]
         itemsize = ITEMSIZE[spec.block.dtype]
         step = math.lcm(step, max(1, collection.ALIGNMENT // itemsize))
-    batch = -(-batch_size // step) * step
+    batch = round_up(batch_size, step)
     (n,) = sizes
     for start in range(0, n, batch):
         yield start, min(n, start + batch)

@@ -51,6 +51,11 @@ class BlockSpec:
     def __hash__(self) -> int:
         return self._hash
 
+    @property
+    def element_axis(self) -> int | None:
+        """The dimension that runs over elements; None for a block of scalars only."""
+        return self.axes.index("n") if "n" in self.axes else None
+
 
 @dataclass(frozen=True, slots=True)
 class BindingSpec:

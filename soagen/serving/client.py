@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
-from soagen.runtime.geometry import ITEMSIZE
+from soagen.runtime.geometry import ITEMSIZE, round_up
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import (
     RemoteConfigurationError,
@@ -276,7 +276,7 @@ class _RegionPool:
                 region = min(fitting, key=lambda r: r.size)
                 self.free.remove(region)
                 return region, None
-            grown = -(-size // _REGION_GRANULE) * _REGION_GRANULE
+            grown = round_up(size, _REGION_GRANULE)
             region = (
                 _Region(self.prefix, grown)
                 if device is None
@@ -533,11 +533,11 @@ class RemoteBinding(ModelBinding):
         try:
             if self._use_shared_memory:
                 size = sum(
-                    _aligned(_nbytes(source.shape, wire))
+                    round_up(_nbytes(source.shape, wire), _ALIGN)
                     for source, wire in zip(sources, self._inputs, strict=True)
                 )
                 size += sum(
-                    _aligned(_nbytes(target.shape, wire))
+                    round_up(_nbytes(target.shape, wire), _ALIGN)
                     for target, wire in zip(targets, self._outputs, strict=True)
                 )
                 region = self._take_region(size, device)
@@ -758,7 +758,7 @@ class RemoteBinding(ModelBinding):
             if region is not None and nbytes:  # Triton takes no empty shared-memory span
                 region.write(offset, source, wire)
                 entry.set_shared_memory(region.name, nbytes, offset)
-                offset += _aligned(nbytes)
+                offset += round_up(nbytes, _ALIGN)
                 shared += nbytes
                 copied += nbytes
                 to_host += nbytes if on_gpu and region.device is None else 0
@@ -777,7 +777,7 @@ class RemoteBinding(ModelBinding):
                 if nbytes:
                     entry.set_shared_memory(region.name, nbytes, offset)
                     request.output_offsets.append(offset)
-                    offset += _aligned(nbytes)
+                    offset += round_up(nbytes, _ALIGN)
                 else:
                     request.output_offsets.append(None)
             request.outputs.append(entry)
@@ -930,10 +930,6 @@ def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:
     for size in shape:
         count *= int(size)
     return count * ITEMSIZE[wire.dtype]
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _copy_into(memory: SharedMemory, offset: int, source: _Source, wire: WireTensor) -> None:

@@ -46,9 +46,8 @@ class EventInput:
         return self.spec.block.layout
 
     @property
-    def n_axis(self) -> int | None:
-        axes = self.spec.block.axes
-        return axes.index("n") if "n" in axes else None
+    def element_axis(self) -> int | None:
+        return self.spec.block.element_axis
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +98,7 @@ class EventLoader:
                 )
             if item.scalar:
                 continue
-            axis = item.n_axis
+            axis = item.element_axis
             n = shape[axis] if axis is not None else 0
             if item.layout in sizes and sizes[item.layout] != n:
                 raise EventError(
@@ -152,7 +151,7 @@ class EventLoader:
                 target = part.block(item.spec.block)
                 source = event.tensors[item.spec.name]
                 if item.scalar:  # stride 0 along n: write the one value, even for n = 0
-                    axis = typing.cast(int, item.n_axis)
+                    axis = typing.cast(int, item.element_axis)
                     one = [*target.shape[:axis], 1, *target.shape[axis + 1 :]]
                     target = target.as_strided(one, target.stride()).select(axis, 0)
                     source = source.select(axis, 0)

@@ -190,7 +190,7 @@ def _wire_tensor(
         layout=layout,
         dtype=dtype,
         datatype=TRITON_DATATYPES[dtype],
-        numpy_dtype=DTYPES[dtype].numpy_name or "uint16",
+        numpy_dtype=DTYPES[dtype].numpy_name,
         axes=axes,
         order=order,
         dims=dims,
