@@ -382,6 +382,7 @@ def test_cuda_runs_where_the_data_lives_on_the_given_stream(gnn) -> None:  # typ
     gpu_scores = EdgeScores.allocate(N_EDGES, device="cuda")
     model(gpu_nodes, gpu_edges, out=gpu_scores)  # places the model: its weights go to the GPU once
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the last call wrote gpu_scores there
     assert_no_host_device_copies(
         lambda: model(gpu_nodes, gpu_edges, out=gpu_scores, stream=stream), stream
     )

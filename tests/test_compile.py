@@ -345,6 +345,33 @@ def test_track_package_matches_eager(tracks: tuple[ModuleType, Path, Path]) -> N
         assert not larger.q[:50].any() and not larger.q[50 + n :].any()
 
 
+def test_misaligned_output_blocks_of_a_writing_package_are_staged(
+    tracks: tuple[ModuleType, Path, Path],
+) -> None:
+    """A CUDA package writing a block that starts off its 16-byte alignment would write a clone
+    nobody reads: such blocks are staged. The staging is device-independent, so CPU checks it
+    with a stricter alignment than any CPU block here has."""
+    module, _, package = tracks
+    plain, staged = module.TrackNet.load(package), module.TrackNet.load(package)
+    assert staged._backend.output_alignment is None  # a CPU package needs no staging
+    staged._backend.output_alignment = 1 << 20
+    tracks_in = module.Tracks.allocate(30)
+    tracks_in.block("momentum").copy_(
+        torch.randn(3, 30, generator=torch.Generator().manual_seed(3))
+    )
+    tracks_in.cov.copy_(torch.eye(3).expand(30, 3, 3))
+    tracks_in.bfield.fill_(3.8)
+    want = module.TrackOut.allocate(30)
+    plain(tracks_in, out=want)
+    larger = module.TrackOut.allocate(37, zero=True)
+    got = larger.slice(7, 37)
+    assert got.q.data_ptr() % (1 << 20)
+    staged(tracks_in, out=got)
+    torch.testing.assert_close(got.q, want.q)
+    torch.testing.assert_close(got.block("features"), want.block("features"))
+    assert not larger.q[:7].any()
+
+
 def test_a_package_that_writes_outputs_checks_them_and_needs_them(
     tracks: tuple[ModuleType, Path, Path],
 ) -> None:
@@ -808,3 +835,22 @@ def test_compile_help_shows_an_example() -> None:
     status, stdout, _ = run_cli("compile", "--help")
     assert status == 0
     assert "soagen compile schemas/gnn.soa --model EdgeClassifier" in stdout
+
+
+def test_a_cuda_package_for_another_gpu_generation_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AOTInductor's loader only logs a mismatch; the kernels would then fail with a raw CUDA
+    error. The device query is replaced here: CI has no GPU."""
+    from soagen.runtime.aot import COMPUTE_CAPABILITY_KEY, check_compute_capability
+    from soagen.runtime.errors import ModelLoadError
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "80"}, 0)
+    check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "None"}, 0)  # a CPU build
+    with pytest.raises(
+        ModelLoadError,
+        match=r"a.pt2 was compiled for GPUs of compute capability "
+        r"9.0; cuda:1 has 8.0",
+    ):
+        check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "90"}, 1)

@@ -306,7 +306,7 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
         finally:
             region.close()
             region.unlink()
-        if device == "cuda" and _cuda_shared_memory() is not None:
+        if device.startswith("cuda") and _cuda_shared_memory() is not None:
             # The same block through a CUDA shared-memory region: copied and read on the GPU.
             on_gpu = _CudaRegion("soagen_test", expected.nbytes + 64, on_device.device)
             try:

@@ -23,6 +23,7 @@ one device run one at a time, each using the intra-op thread pool.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import operator
 import typing
@@ -110,6 +111,9 @@ def read_metadata(path: Path) -> dict[str, typing.Any]:
             f"{path}: soagen metadata format {found!r} is not {METADATA_FORMAT}, the one soagen "
             f"{soagen.__version__} reads; rebuild the package with `soagen compile`"
         )
+    # AOTInductor's own record of the GPU it built kernels for (major * 10 + minor), which its
+    # loader only logs a warning about.
+    metadata[COMPUTE_CAPABILITY_KEY] = entries.get("AOTI_COMPUTE_CAPABILITY", "")
     return metadata
 
 
@@ -121,6 +125,11 @@ def _release(version: str) -> str:
 def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split(".")[:2])
 
+
+# Where `read_metadata` puts the package's GPU compute capability ("90"; "" or "None" on CPU).
+COMPUTE_CAPABILITY_KEY = "aoti_compute_capability"
+# AOTInductor's CUDA kernels assume the 16-byte alignment of the blocks they were exported with.
+GPU_ALIGNMENT = 16
 
 # CPU vector extensions in increasing order, as torch names them (`get_cpu_capability`).
 _CPU_LEVELS = ("DEFAULT", "AVX2", "AVX512")
@@ -251,6 +260,11 @@ class AotBackend(Backend):
         self._index_bounds: dict[str, str] = dict(metadata.get("index_bounds", {}))
         self.writes_outputs = bool(metadata.get("writes_outputs", False))
         self.writes_inputs = tuple(metadata.get("writes_inputs", ()))
+        # A misaligned block the package reads is cloned inside it (correct, a copy and a warning
+        # per call); one it writes must be staged here, or the results land in that clone.
+        self.output_alignment: int | None = (
+            GPU_ALIGNMENT if self.writes_outputs and self.device_type == "cuda" else None
+        )
         specs = (*binding.INPUTS, *binding.OUTPUTS) if self.writes_outputs else binding.INPUTS
         self._check = _InputCheck(binding, specs, metadata.get("input_geometry", []))
 
@@ -271,21 +285,68 @@ class AotBackend(Backend):
         index = -1
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
+            check_compute_capability(self.path, self.metadata, index)
         try:
             compiled = aoti_load_package(str(self.path), device_index=index)
         except Exception as error:  # a broken archive or a library that does not load here
             raise ModelLoadError(f"cannot load {self.path} on {device}: {error}") from None
         # The loader's `run` takes the flat input list and returns the flat outputs, which
         # `soagen compile` exported in schema order; it skips the pytree round trip of
-        # `AOTICompiledModel.__call__`. On CUDA it runs on the caller's current stream.
+        # `AOTICompiledModel.__call__`. On CUDA it runs on the current stream of the current
+        # device, so the data's device is made current for the call.
         run_compiled = compiled.loader.run
         check = self._check
+        first_output = len(self.binding.INPUTS)
+        alignment = self.output_alignment
+        on_device: Callable[[], typing.ContextManager[object]] = (
+            (lambda: torch.cuda.device(index)) if device.type == "cuda" else contextlib.nullcontext
+        )
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
             check(inputs)
-            return run_compiled(list(inputs))
+            with on_device():
+                if alignment is None:
+                    return run_compiled(list(inputs))
+                return _run_staged(run_compiled, inputs, first_output, alignment)
 
         return run
+
+
+def _run_staged(
+    run_compiled: Callable[[list[torch.Tensor]], object],
+    inputs: Sequence[torch.Tensor],
+    first_output: int,
+    alignment: int,
+) -> object:
+    """Run a package that writes its outputs, giving each output block that does not start on
+    `alignment` bytes an aligned stand-in, copied into the caller's block after the call."""
+    import torch
+
+    staged = list(inputs)
+    moved = [i for i in range(first_output, len(staged)) if staged[i].data_ptr() % alignment]
+    for i in moved:
+        block = staged[i]
+        staged[i] = torch.empty_strided(
+            block.shape, block.stride(), dtype=block.dtype, device=block.device
+        )
+    result = run_compiled(staged)
+    for i in moved:
+        inputs[i].copy_(staged[i])
+    return result
+
+
+def check_compute_capability(path: Path, metadata: Mapping[str, typing.Any], index: int) -> None:
+    """A CUDA package holds kernels built for one GPU generation: refuse another one here, which
+    would fail later with a raw CUDA error."""
+    import torch
+
+    built = str(metadata.get(COMPUTE_CAPABILITY_KEY) or "")
+    major, minor = torch.cuda.get_device_capability(index)
+    if built.isdigit() and int(built) != major * 10 + minor:
+        raise ModelLoadError(
+            f"{path} was compiled for GPUs of compute capability {built[:-1]}.{built[-1]}; "
+            f"cuda:{index} has {major}.{minor}. Build the package on the GPU family that runs it"
+        )
 
 
 # Integer expressions of symbolic sizes and strides, as sympy prints them ("s77", "3*s15", "4").

@@ -66,7 +66,11 @@ class ModelBinding:
         for models that write into their inputs. Each integer input the schema declares with
         `indexes NAME` has its values checked to lie in `[0, n)`, n the element count of input
         NAME, before each call, because an out-of-range index inside compiled kernels aborts the
-        process or reads out of bounds instead of raising. `index_bounds` adds bounds or replaces
+        process or reads out of bounds instead of raising. On CPU a bad index raises
+        `IndexRangeError`. On a GPU the check is queued on the stream, with no host wait: a bad
+        index is a device-side assert (torch's CUDA assert does not print the message), and that
+        GPU's CUDA context is unusable afterwards; `Model.remote` and `soagen serve` check on the
+        host instead. `index_bounds` adds bounds or replaces
         them (`{"edge_index": "node_features"}`), or turns one off (`{"edge_index": None}`); `.pt2`
         packages bring the bounds they were compiled with. `contiguous` names inputs to hand over
         as one device-local contiguous copy per call instead of the strided view: for models whose
@@ -215,7 +219,10 @@ class ModelBinding:
     ) -> None:
         """Run with collections given per binding name; the generated `__call__` calls this.
 
-        `stream`: a CUDA stream to run on instead of the caller's current one. `batch_size`: run in
+        `stream`: a CUDA stream of the collections' GPU to run on instead of the caller's current
+        one. As with `torch.cuda.stream`, it does not wait for work queued on other streams: when
+        the inputs were written on another one, call `stream.wait_stream(that_stream)` first.
+        `batch_size`: run in
         slices of at most this many elements (rounded up so every slice starts aligned); all bound
         collections must then have the same size. With more than one slice, the results are held
         in a scratch copy of each output collection and written into `outputs` once every slice
@@ -662,5 +669,12 @@ def _on_stream(stream: object | None, device: torch.device) -> Iterator[None]:
 
     if device.type != "cuda":
         raise ValueError(f"stream= is for CUDA collections; these are on {device}")
+    stream_device = getattr(stream, "device", device)
+    if stream_device != device:
+        # Eager kernels would follow the data's device and ignore the stream; AOTInductor's would
+        # be launched on it, on the wrong GPU.
+        raise ValueError(
+            f"stream= is a stream of {stream_device}; these collections are on {device}"
+        )
     with torch.cuda.stream(typing.cast("torch.cuda.Stream", stream)):
         yield
