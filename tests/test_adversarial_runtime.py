@@ -563,3 +563,19 @@ def test_the_host_index_check_finds_the_one_bad_value_in_any_view(
             _check_index_range(Binding, "index", broken, "points", 100)  # type: ignore[arg-type]
         values = broken.flatten().tolist()  # the values the view reads, padding not included
         assert f"(values {min(values)}..{max(values)})" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int16, torch.int64]
+)
+@pytest.mark.parametrize("count", [10, 2_000, 100_000])
+def test_the_host_index_check_reads_every_integer_dtype(dtype: torch.dtype, count: int) -> None:
+    """Served events are checked on the host whatever their dtype (torch has no min of uint32),
+    in the transposed [c, n] views the wire gives."""
+    from soagen.runtime.model import indices_outside
+
+    values = torch.arange(2 * count).remainder(50).reshape(count, 2)
+    assert indices_outside(values.to(dtype).t(), 50) is None
+    values[count // 2, 1] = 50
+    assert indices_outside(values.to(dtype).t(), 50) == (0, 50)
+    assert indices_outside(values.to(dtype).t()[:, :0], 50) is None

@@ -63,7 +63,12 @@ class Backend(abc.ABC):
         return {}
 
     def on(self, device: torch.device) -> Runner:
-        """The runner for `device`, built at the first call there."""
+        """The runner for `device`, built at the first call there; "cuda" means the current GPU."""
+        if device.index is None and device.type == "cuda":
+            import torch
+
+            # Buffers always name their GPU: an unnamed one would place a second copy there.
+            device = torch.device("cuda", torch.cuda.current_device())
         runner = self._runners.get(device)
         if runner is None:
             with self._lock:

@@ -456,13 +456,24 @@ def _check_index_range(
     `on_host` the two extremes are read back instead (a host sync) and a failure raises
     `IndexRangeError`: for callers that wait for the device anyway (a remote call), and must not
     end the process's CUDA context with a device-side assert."""
+    if not indices.numel():
+        return
+    if not indices.is_cpu and not on_host:
+        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
+        return
+    found = indices_outside(indices, bound)
+    if found is not None:
+        message = _index_message(cls, index_name, bound_name, bound)
+        raise IndexRangeError(f"{message} (values {found[0]}..{found[1]})")
+
+
+def indices_outside(indices: torch.Tensor, bound: int) -> tuple[int, int] | None:
+    """The lowest and highest index when some lie outside [0, bound), else None; any integer
+    dtype, any layout. Device tensors are reduced there and the two extremes read back (a wait)."""
     count, rank = indices.numel(), indices.dim()
     if not count:
-        return
+        return None
     if not indices.is_cpu:
-        if not on_host:
-            _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
-            return
         import torch
 
         low, high = torch.stack(_device_extremes(indices)).tolist()  # one wait for the device
@@ -489,11 +500,9 @@ def _check_index_range(
         bits = 8 * array.dtype.itemsize
         one_pass = array.dtype.kind == "u" or bound <= 1 << (bits - 1)
         if one_pass and int(array.view(_UNSIGNED[array.dtype.itemsize]).max()) < bound:
-            return
+            return None
         low, high = int(array.min()), int(array.max())
-    if low < 0 or high >= bound:
-        message = _index_message(cls, index_name, bound_name, bound)
-        raise IndexRangeError(f"{message} (values {low}..{high})")
+    return (low, high) if low < 0 or high >= bound else None
 
 
 # Index counts up to which the range check uses `torch.aminmax` (signed dtypes; torch 2.13 has no

@@ -19,6 +19,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from soagen.runtime.model import indices_outside
 from soagen.runtime.spec import BindingSpec
 from soagen.serving.wire import dims_match
 
@@ -111,15 +112,13 @@ class EventLoader:
             if item.scalar and item.layout not in sizes:
                 raise EventError(f"no input gives the element count of {item.layout}")
         for index_name, bound_name in self.index_bounds.items():
-            indices = tensors[index_name]
             bound = sizes[self.layout_of[bound_name]]
-            if indices.numel():
-                low, high = (int(v) for v in (indices.min(), indices.max()))
-                if low < 0 or high >= bound:
-                    raise EventError(
-                        f"input {self.tensor_name(index_name)!r} holds indices {low}..{high}, "
-                        f"outside [0, {bound}), the elements of {self.tensor_name(bound_name)!r}"
-                    )
+            found = indices_outside(tensors[index_name], bound)
+            if found is not None:
+                raise EventError(
+                    f"input {self.tensor_name(index_name)!r} holds indices {found[0]}..{found[1]}, "
+                    f"outside [0, {bound}), the elements of {self.tensor_name(bound_name)!r}"
+                )
         return Event(dict(tensors), sizes)
 
     def load(
