@@ -49,6 +49,7 @@ import torch
 import soagen
 from soagen.dsl.loader import load
 from soagen.dtypes import INTEGER_DTYPES
+from soagen.errors import CommandError
 from soagen.generator.python import generate
 from soagen.runtime.aot import METADATA_FORMAT, METADATA_KEY, AotBackend, describe_binding
 from soagen.runtime.collection import Collection
@@ -66,13 +67,9 @@ _CHECK_SIZES = (1, 3, 37)
 _STAGES = 6
 
 
-class CompileError(Exception):
+class CompileError(CommandError):
     """`soagen compile` cannot go on; `usage` marks a wrong argument (exit 2) rather than a model
     that cannot be exported or compiled (exit 1)."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
 
 
 def parse_index_bounds(items: Sequence[str]) -> dict[str, str]:

@@ -26,7 +26,7 @@ from soagen.cli import (
     needs_torch,
     path_argument,
 )
-from soagen.serving.errors import ServeError
+from soagen.errors import CommandError
 from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 
 
@@ -105,7 +105,7 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace, output: _Output) -> int:
     try:
         return _serve(args, output)
-    except ServeError as error:
+    except CommandError as error:  # ServeError, or one of the code serve shares
         return command_failed(error, output, usage=error.usage)
 
 
@@ -120,12 +120,9 @@ def _serve(args: argparse.Namespace, output: _Output) -> int:
         if output.add(load(args.source)) is None:
             return EXIT_PROBLEMS
     with needs_torch("serve needs torch: pip install 'soagen[torch,serve]'"):
-        from soagen.compile import CompileError, parse_index_bounds
+        from soagen.compile import parse_index_bounds
         from soagen.serving.server import serve, wait_forever, write_token
-    try:
-        bounds = parse_index_bounds(args.index) if args.index else None
-    except CompileError as error:
-        raise UsageError(str(error)) from None
+    bounds = parse_index_bounds(args.index) if args.index else None  # a usage CompileError
 
     stop = threading.Event()
     start = time.perf_counter()

@@ -6,6 +6,7 @@ local ones, and from the built-in exception a caller would expect. Messages name
 
 from __future__ import annotations
 
+from soagen.errors import CommandError
 from soagen.runtime.errors import OutputError, SoaRuntimeError
 
 
@@ -30,9 +31,6 @@ class RemoteConfigurationError(RemoteError, ValueError):
     """An argument of `remote(...)` cannot work with this server (shared memory refused, say)."""
 
 
-class ServeError(SoaRuntimeError, RuntimeError):
-    """`soagen serve` cannot start or serve the model; `usage` marks a wrong argument."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
+class ServeError(CommandError, SoaRuntimeError, RuntimeError):
+    """`soagen serve` cannot start or serve the model; `usage` marks a wrong argument. A
+    `CommandError` too, as the other commands' errors are."""

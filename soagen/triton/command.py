@@ -25,12 +25,12 @@ from soagen.cli import (
     path_argument,
 )
 from soagen.dsl.loader import load
+from soagen.errors import CommandError
 from soagen.serving.wire import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_DELAY_US
 from soagen.triton.config import (
     BACKENDS,
     NAMINGS,
     RUNTIMES,
-    TritonError,
     parse_pairs,
 )
 
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             else None,
         )
         written = write_model(request, progress)
-    except TritonError as error:
+    except CommandError as error:  # TritonError, or one of the code triton shares with compile
         return command_failed(error, output, usage=error.usage)
     seconds = time.perf_counter() - start
     config = written.config

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema
+from soagen.errors import CommandError
 from soagen.generator.pyformat import comment_text
 from soagen.layout import block_axes
 from soagen.serving.wire import (
@@ -82,13 +83,9 @@ _NAMED_INDEX = re.compile(r"^.+__(\d+)$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-class TritonError(Exception):
+class TritonError(CommandError):
     """`soagen triton` cannot go on; `usage` marks a wrong argument (exit 2) rather than a model
     that cannot be written (exit 1)."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
 
 
 class ConfigError(TritonError):

@@ -102,8 +102,9 @@ class Written:
 
 
 def write_model(request: Request, progress: Progress | None = None) -> Written:
-    """Write `request.model` of the schema into the repository; TritonError for what does not fit
-    (usage errors flagged), SchemaError for schema errors."""
+    """Write `request.model` of the schema into the repository; SchemaError for schema errors, and
+    for what does not fit (usage errors flagged) TritonError, or a `CompileError` of the
+    model-building code shared with `soagen compile`."""
     report = progress or (lambda line: None)
     schema = load(request.schema).unwrap()
     schema_path = request.schema.as_posix()
@@ -325,32 +326,26 @@ def _from_factory(
 ) -> _Built:
     import torch
 
-    from soagen.compile import CompileError, _build_model, _index_bounds, compile_model
+    from soagen.compile import _build_model, _index_bounds, compile_model
 
     assert request.factory is not None
-    try:
-        report(f"building the model ({request.factory})")
-        model, module = _build_model(request.factory, torch.device("cpu"))
-        bounds = _index_bounds(binding, request.index_bounds, module)
-    except CompileError as error:
-        raise TritonError(str(error), usage=error.usage) from None
+    report(f"building the model ({request.factory})")
+    model, module = _build_model(request.factory, torch.device("cpu"))
+    bounds = _index_bounds(binding, request.index_bounds, module)
     if runtime == "aot":
         _check_writes_apart(binding, request.write_outputs)
         device = "cuda" if request.device == "gpu" else "cpu"
-        try:
-            compile_model(
-                request.schema,
-                request.model,
-                request.factory,
-                output=version / "model.pt2",
-                device=device,
-                index_bounds=bounds,
-                columnwise=request.columnwise,
-                write_outputs=request.write_outputs,
-                progress=report,
-            )
-        except CompileError as error:
-            raise TritonError(str(error), usage=error.usage) from None
+        compile_model(
+            request.schema,
+            request.model,
+            request.factory,
+            output=version / "model.pt2",
+            device=device,
+            index_bounds=bounds,
+            columnwise=request.columnwise,
+            write_outputs=request.write_outputs,
+            progress=report,
+        )
         from soagen.runtime.aot import AotBackend
 
         _check_reads_only(AotBackend(version / "model.pt2", binding).writes_inputs, request.factory)
@@ -465,21 +460,12 @@ def _check_model(
     """The model must run on example collections and return what the output blocks hold."""
     import torch
 
-    from soagen.compile import (
-        CompileError,
-        _check_eager,
-        _example_inputs,
-        _example_sizes,
-        _SchemaOrder,
-    )
+    from soagen.compile import _check_eager, _example_inputs, _example_sizes, _SchemaOrder
 
     wrapped = _SchemaOrder(model, binding)
     sizes = _example_sizes(binding, layouts)
     inputs = _example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=0)
-    try:
-        _check_eager(binding, wrapped, inputs)
-    except CompileError as error:
-        raise TritonError(str(error)) from None
+    _check_eager(binding, wrapped, inputs)
     return _Checked(wrapped, sizes)
 
 
@@ -554,7 +540,7 @@ def _verify(
     at the example's element counts and at other ones, different per layout."""
     import torch
 
-    from soagen.compile import CompileError, _check_agreement, _example_inputs
+    from soagen.compile import _check_agreement, _example_inputs
 
     trials = [checked.sizes, {name: 37 + 5 * i for i, name in enumerate(checked.sizes)}]
     for seed, sizes in enumerate(trials, start=1):
@@ -566,10 +552,7 @@ def _verify(
                 actual = _as_tuple(module(*contiguous), binding)
             except Exception as error:
                 raise TritonError(f"{what} fails: {type(error).__name__}: {error}") from None
-        try:
-            _check_agreement(binding, what, actual, expected, sizes)
-        except CompileError as error:
-            raise TritonError(str(error)) from None
+        _check_agreement(binding, what, actual, expected, sizes)
 
 
 def _as_tuple(result: object, binding: type[ModelBinding]) -> tuple[torch.Tensor, ...]:
