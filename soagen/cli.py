@@ -575,7 +575,8 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
     if output.add(load(paths[0])) is None:
         return EXIT_PROBLEMS
     with needs_torch("compile needs torch: pip install 'soagen[torch]'"):
-        from soagen.compile import CompileError, compile_model, parse_index_bounds
+        from soagen.compile import compile_model, parse_index_bounds
+        from soagen.errors import CommandError
 
     def progress(line: str) -> None:
         print(f"soagen compile: {line}", file=sys.stderr, flush=True)
@@ -593,7 +594,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             write_outputs=args.write_outputs,
             progress=progress,
         )
-    except CompileError as error:
+    except CommandError as error:
         return command_failed(error, output, usage=error.usage)
     seconds = time.perf_counter() - start
     size = path.stat().st_size

@@ -1,8 +1,8 @@
 """The error a command raises when it cannot go on. Importing this module imports nothing.
 
 `soagen compile`, `soagen triton` and `soagen serve` each have their own subclass (`CompileError`,
-`TritonError`, `ServeError`). Each command catches the base, so an error raised by code it shares
-with another command (building a model from its factory, say) reaches the user as it was raised.
+`TritonError`, `ServeError`); the model-building helpers they share (`soagen.modelbuild`) raise
+`CommandError` itself. Each command catches the base and reports what any of them raised.
 """
 
 from __future__ import annotations

@@ -289,11 +289,12 @@ def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> 
 
 
 def test_integer_inputs_without_a_bound_are_named(gnn: ModuleType) -> None:
-    from soagen.compile import _index_bounds, unbounded_index_inputs
+    from soagen.compile import unbounded_index_inputs
+    from soagen.modelbuild import resolve_index_bounds
 
     binding = gnn.EdgeClassifier
     assert unbounded_index_inputs(binding, {}) == ["edge_index"]
-    schema_bounds = _index_bounds(binding, None, ModuleType("factory_without_bounds"))
+    schema_bounds = resolve_index_bounds(binding, None, ModuleType("factory_without_bounds"))
     assert schema_bounds == {"edge_index": "node_features"}
     assert unbounded_index_inputs(binding, schema_bounds) == []
 

@@ -105,7 +105,7 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace, output: _Output) -> int:
     try:
         return _serve(args, output)
-    except CommandError as error:  # ServeError, or one of the code serve shares
+    except CommandError as error:  # ServeError, or soagen.modelbuild's own
         return command_failed(error, output, usage=error.usage)
 
 

@@ -98,13 +98,13 @@ def load_binding(source: str | os.PathLike[str], model_name: str) -> LoadedBindi
     generated module file (`.py`) or of an importable module (`generated.gnn`)."""
     text = os.fspath(source)
     if text.endswith(".soa"):
-        from soagen.compile import _generated_binding
+        from soagen.modelbuild import generated_binding
 
         if not Path(text).is_file():
             raise ServeError(f"schema {text!r} does not exist", usage=True)
         workdir = tempfile.mkdtemp(prefix="soagen-serve-schema-")
         try:
-            binding, layouts = _generated_binding(Path(text), model_name, Path(workdir))
+            binding, layouts = generated_binding(Path(text), model_name, Path(workdir))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         return LoadedBinding(binding, layouts)
@@ -171,12 +171,12 @@ def build_binding(
     nn.Module), or loaded from `model_file` (TorchScript `.pt`, AOTInductor `.pt2`)."""
     if (factory is None) == (model_file is None):
         raise ServeError("give the model either as a factory or as a model file", usage=True)
-    from soagen.compile import _build_model, _device, _index_bounds
+    from soagen.modelbuild import build_model, resolve_index_bounds, torch_device
 
-    torch_device = _device(device)
+    target_device = torch_device(device)
     if factory is not None:
-        module, factory_module = _build_model(factory, torch_device)
-        bounds = _index_bounds(loaded.binding, index_bounds, factory_module)
+        module, factory_module = build_model(factory, target_device)
+        bounds = resolve_index_bounds(loaded.binding, index_bounds, factory_module)
         return loaded.binding(module, index_bounds=bounds)
     assert model_file is not None
     from soagen.runtime.errors import SoaRuntimeError
@@ -415,8 +415,8 @@ def serve(
     at `grpc_port` and `http_port` (metrics only with `metrics_port`). `access_token` guards the
     shared-memory and statistics APIs (default: a random one, `Server.access_token`).
 
-    What cannot work raises a `soagen.errors.CommandError`: a `ServeError`, or a `CompileError` of
-    the model-building code `soagen compile` shares (a factory that fails, say).
+    What cannot work raises a `soagen.errors.CommandError`: a `ServeError`, or one of the
+    `soagen.modelbuild` helpers it shares with `soagen compile` (a factory that fails, say).
     """
     _check_batching(max_batch_size, max_queue_delay_us)
     loaded = load_binding(source, model_name)

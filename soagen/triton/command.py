@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             else None,
         )
         written = write_model(request, progress)
-    except CommandError as error:  # TritonError, or one of the code triton shares with compile
+    except CommandError as error:  # TritonError, CompileError, soagen.modelbuild's own
         return command_failed(error, output, usage=error.usage)
     seconds = time.perf_counter() - start
     config = written.config

@@ -103,8 +103,8 @@ class Written:
 
 def write_model(request: Request, progress: Progress | None = None) -> Written:
     """Write `request.model` of the schema into the repository; SchemaError for schema errors, and
-    for what does not fit (usage errors flagged) TritonError, or a `CompileError` of the
-    model-building code shared with `soagen compile`."""
+    for what does not fit (usage errors flagged) a `CommandError`: TritonError, `soagen compile`'s
+    CompileError, or one of the `soagen.modelbuild` helpers'."""
     report = progress or (lambda line: None)
     schema = load(request.schema).unwrap()
     schema_path = request.schema.as_posix()
@@ -301,9 +301,9 @@ def _build(
         raise TritonError(
             "soagen triton needs torch: pip install 'soagen[torch]'", usage=True
         ) from None
-    from soagen.compile import _forget_modules, _generated_binding
+    from soagen.modelbuild import forget_generated_modules, generated_binding
 
-    binding, layouts = _generated_binding(request.schema, request.model, workdir)
+    binding, layouts = generated_binding(request.schema, request.model, workdir)
     try:
         with warnings.catch_warnings():
             # torch 2.13 deprecates TorchScript, which Triton's PyTorch backend still runs.
@@ -313,7 +313,7 @@ def _build(
             build = _from_package if request.factory is None else _from_factory
             return build(request, runtime, binding, layouts, version, report)
     finally:
-        _forget_modules(binding)
+        forget_generated_modules(binding)
 
 
 def _from_factory(
@@ -326,12 +326,13 @@ def _from_factory(
 ) -> _Built:
     import torch
 
-    from soagen.compile import _build_model, _index_bounds, compile_model
+    from soagen.compile import compile_model
+    from soagen.modelbuild import build_model, resolve_index_bounds
 
     assert request.factory is not None
     report(f"building the model ({request.factory})")
-    model, module = _build_model(request.factory, torch.device("cpu"))
-    bounds = _index_bounds(binding, request.index_bounds, module)
+    model, module = build_model(request.factory, torch.device("cpu"))
+    bounds = resolve_index_bounds(binding, request.index_bounds, module)
     if runtime == "aot":
         _check_writes_apart(binding, request.write_outputs)
         device = "cuda" if request.device == "gpu" else "cpu"
@@ -460,12 +461,12 @@ def _check_model(
     """The model must run on example collections and return what the output blocks hold."""
     import torch
 
-    from soagen.compile import _check_eager, _example_inputs, _example_sizes, _SchemaOrder
+    from soagen.modelbuild import SchemaOrder, check_eager, example_inputs, example_sizes
 
-    wrapped = _SchemaOrder(model, binding)
-    sizes = _example_sizes(binding, layouts)
-    inputs = _example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=0)
-    _check_eager(binding, wrapped, inputs)
+    wrapped = SchemaOrder(model, binding)
+    sizes = example_sizes(binding, layouts)
+    inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=0)
+    check_eager(binding, wrapped, inputs)
     return _Checked(wrapped, sizes)
 
 
@@ -481,7 +482,7 @@ def _torchscript(
     order, whose forward has no meaningful argument names."""
     import torch
 
-    from soagen.compile import _example_inputs
+    from soagen.modelbuild import example_inputs
 
     reason = ""
     try:
@@ -494,7 +495,7 @@ def _torchscript(
     if not reason:
         _verify(binding, layouts, scripted, checked, bounds, what="the scripted model")
         return scripted, _torchscript_names(scripted)
-    inputs = _example_inputs(binding, layouts, checked.sizes, bounds, torch.device("cpu"), seed=0)
+    inputs = example_inputs(binding, layouts, checked.sizes, bounds, torch.device("cpu"), seed=0)
     try:
         with torch.no_grad():
             example = tuple(v.contiguous() for v in inputs)
@@ -540,11 +541,11 @@ def _verify(
     at the example's element counts and at other ones, different per layout."""
     import torch
 
-    from soagen.compile import _check_agreement, _example_inputs
+    from soagen.modelbuild import check_agreement, example_inputs
 
     trials = [checked.sizes, {name: 37 + 5 * i for i, name in enumerate(checked.sizes)}]
     for seed, sizes in enumerate(trials, start=1):
-        inputs = _example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=seed)
+        inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=seed)
         contiguous = [view.contiguous() for view in inputs]
         with torch.no_grad():
             expected = checked.wrapped(*inputs)
@@ -552,7 +553,7 @@ def _verify(
                 actual = _as_tuple(module(*contiguous), binding)
             except Exception as error:
                 raise TritonError(f"{what} fails: {type(error).__name__}: {error}") from None
-        _check_agreement(binding, what, actual, expected, sizes)
+        check_agreement(binding, what, actual, expected, sizes)
 
 
 def _as_tuple(result: object, binding: type[ModelBinding]) -> tuple[torch.Tensor, ...]:
