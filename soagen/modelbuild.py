@@ -2,7 +2,8 @@
 `soagen compile`, `soagen triton` and `soagen serve` share.
 
 - `generated_binding` generates a schema's modules into a throwaway package and imports a binding
-  class and the layout classes; `forget_generated_modules` drops that package again.
+  class and the layout classes (`layout_classes`); `forget_generated_modules` drops that package
+  again.
 - `build_model` calls a factory ("file.py:function") for its `nn.Module`, on `torch_device`;
   `resolve_index_bounds` merges the schema's `indexes` clauses with --index or `INDEX_BOUNDS`.
 - `example_sizes` and `example_inputs` make block views of real collections, filled with valid
@@ -81,18 +82,19 @@ def generated_binding(
         modules = [importlib.import_module(f"{package}.{f.module_name}") for f in schema.files]
     finally:
         sys.path.remove(str(workdir))
-    layouts: dict[str, type[Collection]] = {}
-    for module in modules:
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, Collection)
-                and value is not Collection
-            ):
-                layouts[value.NAME] = value
     module = modules[schema.files.index(files[model_name])]
     binding = getattr(module, model_name)
-    return typing.cast(type[ModelBinding], binding), layouts
+    return typing.cast(type[ModelBinding], binding), layout_classes(*modules)
+
+
+def layout_classes(*modules: ModuleType) -> dict[str, type[Collection]]:
+    """Layout name -> class, for the layout classes the generated `modules` define or import."""
+    return {
+        value.NAME: value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, Collection) and value is not Collection
+    }
 
 
 def forget_generated_modules(binding: type[ModelBinding]) -> None:
@@ -362,6 +364,7 @@ __all__ = [
     "example_sizes",
     "forget_generated_modules",
     "generated_binding",
+    "layout_classes",
     "resolve_index_bounds",
     "run_on_copies",
     "torch_device",

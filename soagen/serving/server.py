@@ -123,12 +123,9 @@ def load_binding(source: str | os.PathLike[str], model_name: str) -> LoadedBindi
             + (f"; its models are {', '.join(known)}" if known else ""),
             usage=True,
         )
-    layouts = {
-        value.NAME: value
-        for value in vars(module).values()
-        if isinstance(value, type) and issubclass(value, Collection) and value is not Collection
-    }
-    return LoadedBinding(found, layouts)
+    from soagen.modelbuild import layout_classes
+
+    return LoadedBinding(found, layout_classes(module))
 
 
 def _import_module(text: str) -> ModuleType:
