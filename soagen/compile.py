@@ -57,15 +57,13 @@ from soagen.modelbuild import (
     resolve_index_bounds,
     run_on_copies,
     torch_device,
+    trial_sizes,
 )
 from soagen.runtime.aot import METADATA_FORMAT, METADATA_KEY, AotBackend, describe_binding
 from soagen.runtime.collection import Collection
 from soagen.runtime.model import ModelBinding
 
 Progress = Callable[[str], None]
-
-# Small sizes the package is checked at after compiling, besides the example's.
-_CHECK_SIZES = (1, 3, 37)
 
 _STAGES = 6
 
@@ -426,7 +424,7 @@ def _verify(
     layouts: Mapping[str, type[Collection]],
     model: SchemaOrder,
     package: Path,
-    example_sizes: Mapping[str, int],
+    example: Mapping[str, int],
     bounds: Mapping[str, str],
     device: torch.device,
 ) -> None:
@@ -434,10 +432,7 @@ def _verify(
     different per layout, which catches a size or stride the export fixed by mistake."""
     backend = AotBackend(package, binding)
     runner = backend.on(device)
-    trials = [dict(example_sizes)]
-    for base in _CHECK_SIZES:
-        trials.append({name: base + 5 * i for i, name in enumerate(example_sizes)})
-    for seed, sizes in enumerate(trials, start=1):
+    for seed, sizes in enumerate(trial_sizes(example), start=1):
         inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed)
         try:
             expected, _ = run_on_copies(model, inputs)

@@ -7,9 +7,9 @@
 - `build_model` calls a factory ("file.py:function") for its `nn.Module`, on `torch_device`;
   `resolve_index_bounds` merges the schema's `indexes` clauses with --index or `INDEX_BOUNDS`.
 - `example_sizes` and `example_inputs` make block views of real collections, filled with valid
-  data; `SchemaOrder` wraps the model to return its outputs as a tuple in schema order;
-  `check_eager` runs it on them and `check_agreement` compares another form of the model (a
-  package, a TorchScript module) with it.
+  data, at the example's element counts or at those of `trial_sizes`; `SchemaOrder` wraps the
+  model to return its outputs as a tuple in schema order; `check_eager` runs it on them and
+  `check_agreement` compares another form of the model (a package, a TorchScript module) with it.
 
 Errors are `CommandError`s (usage errors flagged), as each command reports them. Imports torch.
 """
@@ -40,6 +40,8 @@ from soagen.runtime.spec import declared_index_bounds
 # Example element count of the i-th input layout with alignment A: A * (16 + 2 i) + 1 (2049, 2305,
 # ... for A = 128), large, different per layout, and off every alignment multiple.
 EXAMPLE_MULTIPLE = 16
+# Small element counts a compiled or converted model is checked at, besides the example's.
+CHECK_BASES = (1, 3, 37)
 
 
 def torch_device(text: str) -> torch.device:
@@ -218,6 +220,17 @@ def example_sizes(
     }
 
 
+def trial_sizes(
+    example: Mapping[str, int], bases: Sequence[int] = CHECK_BASES
+) -> list[dict[str, int]]:
+    """The element counts to check a model at: the example's, then for each of `bases` one set
+    with `base + 5 * i` elements in the i-th layout (different per layout, so that a size or
+    stride one layout's count fixed by mistake shows)."""
+    return [dict(example)] + [
+        {name: base + 5 * i for i, name in enumerate(example)} for base in bases
+    ]
+
+
 def example_inputs(
     binding: type[ModelBinding],
     layouts: Mapping[str, type[Collection]],
@@ -354,6 +367,7 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 __all__ = [
+    "CHECK_BASES",
     "EXAMPLE_MULTIPLE",
     "SchemaOrder",
     "build_model",
@@ -368,4 +382,5 @@ __all__ = [
     "resolve_index_bounds",
     "run_on_copies",
     "torch_device",
+    "trial_sizes",
 ]

@@ -541,10 +541,10 @@ def _verify(
     at the example's element counts and at other ones, different per layout."""
     import torch
 
-    from soagen.modelbuild import check_agreement, example_inputs
+    from soagen.modelbuild import CHECK_BASES, check_agreement, example_inputs, trial_sizes
 
-    trials = [checked.sizes, {name: 37 + 5 * i for i, name in enumerate(checked.sizes)}]
-    for seed, sizes in enumerate(trials, start=1):
+    # The example's counts and one other set: the largest of the small ones compile checks.
+    for seed, sizes in enumerate(trial_sizes(checked.sizes, CHECK_BASES[-1:]), start=1):
         inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=seed)
         contiguous = [view.contiguous() for view in inputs]
         with torch.no_grad():
