@@ -34,7 +34,8 @@ from soagen.dtypes import INTEGER_DTYPES
 from soagen.errors import CommandError
 from soagen.generator.python import generate
 from soagen.runtime.collection import Collection
-from soagen.runtime.model import ModelBinding
+from soagen.runtime.errors import OutputError
+from soagen.runtime.model import ModelBinding, outputs_in_schema_order
 from soagen.runtime.spec import declared_index_bounds
 
 # Example element count of the i-th input layout with alignment A: A * (16 + 2 i) + 1 (2049, 2305,
@@ -268,20 +269,16 @@ def example_inputs(
 
 
 class SchemaOrder(torch.nn.Module):
-    """The model with its outputs as a tuple in the schema's order, whatever it returns."""
+    """The model with its outputs as a tuple in the schema's order, checked as a binding checks
+    them (`outputs_in_schema_order`: dict keys, output count): OutputError if they do not fit."""
 
     def __init__(self, model: torch.nn.Module, binding: type[ModelBinding]) -> None:
         super().__init__()
         self.model = model
-        self.output_names = [spec.name for spec in binding.OUTPUTS]
+        self.binding = binding
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        result = self.model(*inputs)
-        if isinstance(result, torch.Tensor):
-            return (result,)
-        if isinstance(result, Mapping):
-            return tuple(result[name] for name in self.output_names)
-        return tuple(result)
+        return tuple(outputs_in_schema_order(self.binding, self.model(*inputs)))
 
 
 def check_eager(
@@ -291,19 +288,13 @@ def check_eager(
     and the positions of the inputs it writes into."""
     try:
         results, written = run_on_copies(model, inputs)
+    except OutputError as error:  # from SchemaOrder: what it returns does not fit the outputs
+        raise CommandError(str(error)) from error
     except Exception as error:
         raise CommandError(
             f"the model fails on example inputs of {binding.NAME} "
             f"({describe_inputs(binding, inputs)}): {type(error).__name__}: {error}"
         ) from error
-    if len(results) != len(binding.OUTPUTS) or not all(
-        isinstance(r, torch.Tensor) for r in results
-    ):
-        raise CommandError(
-            f"the model returns {len(results)} value(s); {binding.NAME} declares "
-            f"{len(binding.OUTPUTS)} output tensor(s) "
-            f"({', '.join(spec.name for spec in binding.OUTPUTS)})"
-        )
     for spec, result in zip(binding.OUTPUTS, results, strict=True):
         block = spec.block
         if str(result.dtype).removeprefix("torch.") != block.dtype or result.dim() != len(

@@ -814,7 +814,26 @@ def test_cli_compile_model_that_does_not_fit_exits_1(tmp_path: Path) -> None:
     )
     status, stderr = _cli_compile(tmp_path, factory=f"{factory_file}:build")
     assert status == 1
-    assert "returns 2 value(s); EdgeClassifier declares 1 output tensor(s) (edge_scores)" in stderr
+    assert "EdgeClassifier returned 2 output(s), the schema declares 1 (edge_scores)" in stderr
+
+
+def test_cli_compile_model_returning_a_dict_with_another_key_exits_1(tmp_path: Path) -> None:
+    """The outputs are checked as a binding checks them: a dict needs the schema's output names."""
+    factory_file = tmp_path / "misnamed.py"
+    factory_file.write_text(
+        "import torch\n\n"
+        "class Misnamed(torch.nn.Module):\n"
+        "    def forward(self, nodes, index, edges):\n"
+        "        return {'edge_score': edges[:, 0]}\n\n"
+        "def build():\n"
+        "    return Misnamed()\n"
+    )
+    status, stderr = _cli_compile(tmp_path, factory=f"{factory_file}:build")
+    assert status == 1
+    assert (
+        "EdgeClassifier returned a dict with keys edge_score; the schema's outputs are edge_scores"
+        in stderr
+    )
 
 
 def test_cli_stays_importable_without_torch() -> None:

@@ -400,19 +400,32 @@ def test_cli_needs_a_model_source(tmp_path: Path) -> None:
     assert status == 2 and "give --factory FILE.py:FUNCTION" in stderr
 
 
-def test_model_that_does_not_fit_its_outputs_exits_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ("a.double().sum(1)", "output 'edge_scores' is torch.float64"),
+        # Checked as a binding checks what a model returns: a dict needs the outputs' names.
+        (
+            "{'scores': c[:, 0]}",
+            "EdgeClassifier returned a dict with keys scores; the schema's outputs are edge_scores",
+        ),
+    ],
+)
+def test_model_that_does_not_fit_its_outputs_exits_1(
+    tmp_path: Path, returned: str, message: str
+) -> None:
     pytest.importorskip("torch")
     factory = tmp_path / "bad.py"
     factory.write_text(
         "import torch\n\nclass Bad(torch.nn.Module):\n"
-        "    def forward(self, a, b, c):\n        return a.double().sum(1)\n\n"
+        f"    def forward(self, a, b, c):\n        return {returned}\n\n"
         "def build():\n    return Bad()\n"
     )
     status, _, stderr = run_cli(
         "triton", str(GNN), "--model", "EdgeClassifier", "--factory", f"{factory}:build",
         *GNN_SIZES, "-o", str(tmp_path / "r"),
     )  # fmt: skip
-    assert status == 1 and "output 'edge_scores' is torch.float64" in stderr
+    assert status == 1 and message in stderr
 
 
 def test_pytorch_backend_writes_torchscript(tmp_path: Path) -> None:

@@ -379,7 +379,7 @@ class ModelBinding:
     ) -> list[torch.Tensor]:
         """Check the model's return value and its inputs' version counters, then write each
         output into its block (`targets`), or none of them."""
-        results = _as_outputs(type(self), result)
+        results = outputs_in_schema_order(type(self), result)
         self._check_versions(views, versions)
         if targets is not None:
             _check_outputs(type(self), results, targets)
@@ -545,8 +545,10 @@ def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return low, high
 
 
-def _as_outputs(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
-    """A model's return value as a list of tensors in schema order, one per declared output."""
+def outputs_in_schema_order(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
+    """A model's return value as a list of tensors in schema order, one per declared output;
+    OutputError for anything else. Plain Python over the result's structure: `torch.export` traces
+    through it (`soagen.modelbuild.SchemaOrder`)."""
     import torch
 
     if isinstance(result, torch.Tensor):

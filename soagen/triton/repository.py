@@ -542,6 +542,7 @@ def _verify(
     import torch
 
     from soagen.modelbuild import CHECK_BASES, check_agreement, example_inputs, trial_sizes
+    from soagen.runtime.model import outputs_in_schema_order
 
     # The example's counts and one other set: the largest of the small ones compile checks.
     for seed, sizes in enumerate(trial_sizes(checked.sizes, CHECK_BASES[-1:]), start=1):
@@ -550,20 +551,10 @@ def _verify(
         with torch.no_grad():
             expected = checked.wrapped(*inputs)
             try:
-                actual = _as_tuple(module(*contiguous), binding)
+                actual = outputs_in_schema_order(binding, module(*contiguous))
             except Exception as error:
                 raise TritonError(f"{what} fails: {type(error).__name__}: {error}") from None
         check_agreement(binding, what, actual, expected, sizes)
-
-
-def _as_tuple(result: object, binding: type[ModelBinding]) -> tuple[torch.Tensor, ...]:
-    import torch
-
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    if isinstance(result, Mapping):
-        return tuple(result[spec.name] for spec in binding.OUTPUTS)
-    return tuple(typing.cast("tuple[torch.Tensor, ...]", result))
 
 
 # The Python backend's files.
