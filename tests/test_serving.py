@@ -456,6 +456,33 @@ def test_an_aot_package_serves_and_a_bad_index_fails_only_its_own_call(
 
 
 @needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_gpu_server_refuses_a_bad_index_and_serves_on(
+    tmp_path: Path, local: EdgeClassifier
+) -> None:
+    # On a GPU the binding's own check is a device-side assert, after which every request would
+    # fail: the server checks events on the host first.
+    served = _start_server(tmp_path, "--device", "cuda")
+    try:
+        with EdgeClassifier.remote(
+            served.url, access_token=served.token, index_bounds={"edge_index": None}
+        ) as remote:
+            nodes, edges = _event(300, 1000, 7)
+            edges.src[3] = 300  # not a node
+            out = EdgeScores.allocate(1000, zero=True)
+            with pytest.raises(RemoteInferenceError, match=r"outside \[0, 300\)"):
+                remote(nodes, edges, out=out)
+            assert bool((out.score == 0).all())
+            edges.src[3] = 0
+            remote(nodes, edges, out=out)
+            torch.testing.assert_close(
+                out.score, _expected(local, nodes, edges), rtol=1e-4, atol=1e-5
+            )
+    finally:
+        _stop(served.process)
+
+
+@needs_triton
 def test_batch_size_slices_are_sent_as_events(server: Served, local: EdgeClassifier) -> None:
     nodes, edges = _event(3000, 3000, 7)
     # A slice's indices count the slice's own nodes (the last slice has 952).

@@ -209,13 +209,16 @@ class EventRunner:
         if missing:
             raise ServeError(f"no layout class for {', '.join(missing)} among the loaded modules")
         self.layouts = dict(layouts)
-        # Index inputs are left to the binding, whose IndexRangeError reaches the client.
+        # On CPU the binding checks index inputs, and its IndexRangeError reaches the client. On
+        # a GPU its check is a device-side assert, which would leave this process's CUDA context
+        # unusable for every later request: events are checked on the host first.
         self.loader = EventLoader(
             [
                 EventInput(wire.name, spec, declared_order(wire).dims)
                 for spec, wire in zip(cls.INPUTS, self.inputs, strict=True)
             ],
             self.layouts,
+            binding.index_bounds if self.device.type != "cpu" else None,
         )
         from soagen.runtime.buffers import TORCH_DTYPES
 
