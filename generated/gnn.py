@@ -36,6 +36,7 @@ class Nodes(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Nodes"
     SCHEMA: _typing.ClassVar[str] = "schemas/gnn.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "b4737cecf937a48d"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("x", "column", "float32", (), ""),
@@ -102,6 +103,7 @@ class Nodes(_soagen.Collection):
             "float32",
             ("n", "c"),
             _view_node_features,
+            "b4737cecf937a48d",
         ),
     }
 
@@ -153,6 +155,7 @@ class Edges(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Edges"
     SCHEMA: _typing.ClassVar[str] = "schemas/gnn.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "984d5f5cad8499a1"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("src", "column", "int64", (), ""),
@@ -220,6 +223,7 @@ class Edges(_soagen.Collection):
             "int64",
             ("c", "n"),
             _view_edge_index,
+            "984d5f5cad8499a1",
         ),
         "edge_features": _soagen.BlockSpec(
             "edge_features",
@@ -228,6 +232,7 @@ class Edges(_soagen.Collection):
             "float32",
             ("n", "c"),
             _view_edge_features,
+            "984d5f5cad8499a1",
         ),
     }
 
@@ -261,6 +266,7 @@ class EdgeScores(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "EdgeScores"
     SCHEMA: _typing.ClassVar[str] = "schemas/gnn.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "a674aca61e2f7f1f"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("score", "column", "float32", (), ""),
@@ -299,6 +305,7 @@ class EdgeScores(_soagen.Collection):
             "float32",
             ("n",),
             _view_edge_scores,
+            "a674aca61e2f7f1f",
         ),
     }
 

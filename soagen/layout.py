@@ -11,12 +11,29 @@ form symbolic: the generator prints it as closed-form code, `soagen show` evalua
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind
 from soagen.runtime.geometry import round_up
+
+
+def layout_key(layout: Layout) -> str:
+    """A digest of everything that places a layout's bytes or names them: the alignment and each
+    member's kind, dtype, shape and name, in order. Collections and the blocks models bind carry
+    it, so that a collection of another layout with the same name is refused, not misread."""
+    text = "\n".join(
+        [
+            f"align {layout.align}",
+            *(
+                f"{member.kind.value} {member.dtype_name}{list(member.shape)} {member.name}"
+                for member in layout.members
+            ),
+        ]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def column_pitch(n: int, itemsize: int, align: int) -> int:

@@ -17,6 +17,7 @@ COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
     {
         "ALIGNMENT",
         "BLOCKS",
+        "LAYOUT_KEY",
         "MEMBERS",
         "NAME",
         "SCHEMA",

@@ -475,3 +475,34 @@ def test_bindings_may_share_names_with_model_attributes(
     hits.near[0] = 5
     with pytest.raises(IndexError, match="index_bounds"):
         model(hits, out=out)
+
+
+def test_a_collection_of_another_layout_with_the_same_name_is_refused(
+    generated_from_text: typing.Callable[[str], typing.Any],
+) -> None:
+    """Two schemas may both declare `Scores`: read or written with the other's geometry, a column
+    the model does not own would be overwritten. Equal layouts from two schemas are accepted."""
+    model_text = (
+        "layout Hits {\n    column float32 x\n}\n"
+        "layout Scores {\n    column float32 score\n}\n"
+        "model M {\n    input x = Hits{x}\n    output score = Scores{score}\n}\n"
+    )
+    ours = generated_from_text(model_text)
+    theirs = generated_from_text(
+        "layout Scores {\n    column float32 keep_me\n    column float32 score\n}\n"
+    )
+    same = generated_from_text(model_text + "// the same layouts, in another module\n")
+
+    class Model(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    model = ours.M(Model())
+    hits = ours.Hits.allocate(8, zero=True)
+    other = theirs.Scores.allocate(8, zero=True)
+    with pytest.raises(BindingError, match=r"M.score binds Scores of .*, got a different layout"):
+        model(hits, out=other)
+    assert not other.buffer.any()  # nothing written
+    out = same.Scores.allocate(8)
+    model(same.Hits.allocate(8, zero=True), out=out)
+    assert out.score.tolist() == [1.0] * 8

@@ -38,6 +38,7 @@ from soagen.layout import (
     block_axes,
     block_view,
     byte_size,
+    layout_key,
     member_offsets,
     member_view,
 )
@@ -205,6 +206,7 @@ def _block_spec(binding: Binding, layout: Layout, view: str) -> Call:
             string_literal(first.dtype_name),
             tuple_literal([string_literal(axis) for axis in block_axes(binding, first)]),
             view,
+            string_literal(layout_key(layout)),
         ),
     )
 
@@ -281,6 +283,7 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
     ]
     class_attributes = (
         *_name_and_schema(layout.name, schema_file),
+        f"LAYOUT_KEY: _typing.ClassVar[str] = {string_literal(layout_key(layout))}",
         f"ALIGNMENT: _typing.ClassVar[int] = {align}",
         f"MEMBERS: _typing.ClassVar[tuple[{RUNTIME}.MemberSpec, ...]] = (\n"
         + "\n".join(members)

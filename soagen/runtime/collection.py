@@ -164,6 +164,9 @@ class Collection:
 
     NAME: typing.ClassVar[str]
     SCHEMA: typing.ClassVar[str]
+    # A digest of the alignment and members (`soagen.layout.layout_key`): models refuse a
+    # collection whose key differs from their block's, although its NAME matches.
+    LAYOUT_KEY: typing.ClassVar[str] = ""
     ALIGNMENT: typing.ClassVar[int]
     MEMBERS: typing.ClassVar[tuple[MemberSpec, ...]]
     BLOCKS: typing.ClassVar[dict[str, BlockSpec]]

@@ -422,6 +422,17 @@ def _check_names(
                 f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got "
                 f"{getattr(collection, 'NAME', type(collection).__name__)}"
             )
+        key = spec.block.layout_key
+        if key and getattr(collection, "LAYOUT_KEY", "") != key:
+            members = ", ".join(
+                f"{member.name}: {member.dtype}" for member in getattr(collection, "MEMBERS", ())
+            )
+            raise BindingError(
+                f"{cls.NAME}.{spec.name} binds {spec.block.layout} of {cls.SCHEMA}, got a "
+                f"different layout of that name from {getattr(collection, 'SCHEMA', '?')} "
+                f"(align {getattr(collection, 'ALIGNMENT', '?')}: {members}); its bytes would be "
+                f"misread. Generate both from one schema"
+            )
 
 
 def _checked_bounds(cls: type[ModelBinding], bounds: Mapping[str, str | None]) -> dict[str, str]:

@@ -41,11 +41,21 @@ class BlockSpec:
     dtype: str
     axes: tuple[str, ...]  # `n`, `c` or an array extent, in tensor order
     view: Callable[[int], StridedView]  # closed-form geometry for n elements
+    # The `LAYOUT_KEY` of the layout class generated with it; "" (hand-made specs) checks nothing.
+    layout_key: str = ""
     # Collections look views up by block on every model call: hash the fields once.
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fields = (self.name, self.layout, self.members, self.dtype, self.axes, self.view)
+        fields = (
+            self.name,
+            self.layout,
+            self.members,
+            self.dtype,
+            self.axes,
+            self.view,
+            self.layout_key,
+        )
         object.__setattr__(self, "_hash", hash(fields))
 
     def __hash__(self) -> int:

@@ -38,6 +38,7 @@ class Jets(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Jets"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/arrays.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "06af4b78dcdcd6e5"
     ALIGNMENT: _typing.ClassVar[int] = 64
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec(
@@ -187,6 +188,7 @@ class Jets(_soagen.Collection):
             "float32",
             ("n", "20", "100"),
             _view_pf,
+            "06af4b78dcdcd6e5",
         ),
         "pf_t": _soagen.BlockSpec(
             "pf_t",
@@ -195,6 +197,7 @@ class Jets(_soagen.Collection):
             "float32",
             ("20", "100", "n"),
             _view_pf_t,
+            "06af4b78dcdcd6e5",
         ),
         "kinematics": _soagen.BlockSpec(
             "kinematics",
@@ -203,6 +206,7 @@ class Jets(_soagen.Collection):
             "float32",
             ("n", "c"),
             _view_kinematics,
+            "06af4b78dcdcd6e5",
         ),
         "hessians": _soagen.BlockSpec(
             "hessians",
@@ -211,6 +215,7 @@ class Jets(_soagen.Collection):
             "float32",
             ("3", "n", "2", "c", "2"),
             _view_hessians,
+            "06af4b78dcdcd6e5",
         ),
         "weights": _soagen.BlockSpec(
             "weights",
@@ -219,6 +224,7 @@ class Jets(_soagen.Collection):
             "float64",
             ("c", "n"),
             _view_weights,
+            "06af4b78dcdcd6e5",
         ),
         "weight": _soagen.BlockSpec(
             "weight",
@@ -227,6 +233,7 @@ class Jets(_soagen.Collection):
             "float64",
             ("n",),
             _view_weight,
+            "06af4b78dcdcd6e5",
         ),
     }
 
@@ -306,6 +313,7 @@ class AllTypes(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "AllTypes"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/arrays.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "918ae6762e5d3940"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("b", "column", "bool", (), ""),
@@ -500,6 +508,7 @@ class Tags(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Tags"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/arrays.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "765d1e717e489941"
     ALIGNMENT: _typing.ClassVar[int] = 16
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("probabilities", "column", "float32", (2,), ""),
@@ -542,6 +551,7 @@ class Tags(_soagen.Collection):
             "float32",
             ("n", "2"),
             _view_probabilities,
+            "765d1e717e489941",
         ),
     }
 

@@ -30,6 +30,7 @@ class Tracks(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Tracks"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/common.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "c6fcd589154aad13"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("px", "column", "float32", (), ""),

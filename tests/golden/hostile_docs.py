@@ -34,6 +34,7 @@ class Weird(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Weird"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/hostile_docs.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "23aaa7c1ea1588f7"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("value", "column", "float32", (), '""" also here """'),
@@ -82,6 +83,7 @@ class Weird(_soagen.Collection):
             "float32",
             ("n",),
             _view_values,
+            "23aaa7c1ea1588f7",
         ),
         "out": _soagen.BlockSpec(
             "out",
@@ -90,6 +92,7 @@ class Weird(_soagen.Collection):
             "float32",
             ("n",),
             _view_out,
+            "23aaa7c1ea1588f7",
         ),
     }
 

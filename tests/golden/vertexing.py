@@ -33,6 +33,7 @@ class Vertices(_soagen.Collection):
 
     NAME: _typing.ClassVar[str] = "Vertices"
     SCHEMA: _typing.ClassVar[str] = "tests/golden/vertexing.soa"
+    LAYOUT_KEY: _typing.ClassVar[str] = "fc57b8aa18e5088c"
     ALIGNMENT: _typing.ClassVar[int] = 128
     MEMBERS: _typing.ClassVar[tuple[_soagen.MemberSpec, ...]] = (
         _soagen.MemberSpec("x", "column", "float32", (), ""),
@@ -81,6 +82,7 @@ class Vertices(_soagen.Collection):
             "float32",
             ("c", "n"),
             _view_positions,
+            "fc57b8aa18e5088c",
         ),
     }
 
@@ -130,6 +132,7 @@ class VertexFinder(_soagen.ModelBinding):
                 "float32",
                 ("n", "c"),
                 _view_momenta,
+                "c6fcd589154aad13",
             ),
         ),
         _soagen.BindingSpec(
@@ -142,6 +145,7 @@ class VertexFinder(_soagen.ModelBinding):
                 "int16",
                 ("n",),
                 _view_track_of,
+                "c6fcd589154aad13",
             ),
             indexes="momenta",
         ),
