@@ -164,34 +164,24 @@ def cmd_lint(args: argparse.Namespace, output: _Output) -> int:
 def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
     from soagen.fmt import FormatBug, format_source
 
-    if args.schemas == ["-"]:
-        text = sys.stdin.read()
-        try:
-            formatted, problems = format_source(text, "<stdin>")
-        except FormatBug as bug:  # never expected
-            print(f"soagen: internal error: {bug}", file=sys.stderr)
-            return EXIT_PROBLEMS
-        if formatted is None:
-            output.sources["<stdin>"] = text
-            output.diagnostics += problems
-            return EXIT_PROBLEMS
-        if args.diff:
-            sys.stdout.write(_diff(text, formatted, "<stdin>"))
-        elif not args.check:
-            sys.stdout.write(formatted)
-        return EXIT_PROBLEMS if (args.check or args.diff) and formatted != text else EXIT_OK
-    if "-" in args.schemas:
+    if "-" in args.schemas and args.schemas != ["-"]:
         raise UsageError("`-` (stdin) cannot be combined with paths")
+    # (shown name, text, the file to rewrite: None for stdin, which goes to stdout)
+    sources: list[tuple[str, str, Path | None]] = []
+    if args.schemas == ["-"]:
+        sources.append(("<stdin>", sys.stdin.read(), None))
+    else:
+        for path in _schema_paths(args.schemas):
+            shown = path.as_posix()
+            try:
+                sources.append((shown, path.read_text(encoding="utf-8-sig"), path))
+            except (OSError, UnicodeDecodeError) as error:
+                raise UsageError(f"cannot read `{shown}`: {error}") from error
     changed: list[str] = []
     failed = False
     results: list[dict[str, object]] = []
     printed: list[str] = []
-    for path in _schema_paths(args.schemas):
-        shown = path.as_posix()
-        try:
-            text = path.read_text(encoding="utf-8-sig")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"cannot read `{shown}`: {error}") from error
+    for shown, text, target in sources:
         try:
             formatted, problems = format_source(text, shown)
         except FormatBug as bug:  # never expected; the file is left as it is
@@ -204,31 +194,36 @@ def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
             output.diagnostics += problems
             results.append({"path": shown, "changed": False, "error": True})
             continue
-        is_changed = formatted != text
-        results.append({"path": shown, "changed": is_changed, "error": False})
-        if is_changed:
+        result: dict[str, object] = {"path": shown, "changed": formatted != text, "error": False}
+        results.append(result)
+        if formatted != text:
             changed.append(shown)
-        if args.diff and is_changed:
-            printed.append(_diff(text, formatted, shown))
-        if args.write and is_changed:
-            path.write_text(formatted, encoding="utf-8")
-        elif not (args.write or args.check or args.diff):
-            printed.append(formatted)
+            if args.diff:
+                result["diff"] = _diff(text, formatted, shown)
+            if args.write and target is not None:
+                target.write_text(formatted, encoding="utf-8")
+        if not (args.check or args.diff or (args.write and target is not None)):
+            result["formatted"] = formatted
+        printed.append(str(result.get("diff", result.get("formatted", ""))))
+    status = EXIT_PROBLEMS if output.diagnostics or failed else EXIT_OK
+    if changed and (args.check or args.diff):
+        status = EXIT_PROBLEMS
     if output.format == "json":
-        print(json.dumps({"files": results}, indent=2))
-    else:
-        sys.stdout.write("".join(printed))
-        if args.write:
-            for shown in changed:
-                print(f"formatted {shown}", file=sys.stderr)
-        elif args.check or args.diff:
-            for shown in changed:
-                print(f"would reformat {shown}", file=sys.stderr)
-            if not changed and not output.diagnostics:
-                print(f"{_counted(len(results), 'file')} already formatted", file=sys.stderr)
-    if output.diagnostics or failed:
-        return EXIT_PROBLEMS
-    return EXIT_PROBLEMS if changed and (args.check or args.diff) else EXIT_OK
+        # One document: the diagnostics go in it instead of after it.
+        diagnostics = [to_json_object(d) for d in output.diagnostics]
+        print(json.dumps({"files": results, "diagnostics": diagnostics}, indent=2))
+        output.diagnostics.clear()
+        return status
+    sys.stdout.write("".join(printed))
+    if args.write:
+        for shown in changed:
+            print(f"formatted {shown}", file=sys.stderr)
+    elif args.check or args.diff:
+        for shown in changed:
+            print(f"would reformat {shown}", file=sys.stderr)
+        if not changed and not output.diagnostics and sources[0][2] is not None:
+            print(f"{_counted(len(results), 'file')} already formatted", file=sys.stderr)
+    return status
 
 
 def _diff(before: str, after: str, shown: str) -> str:

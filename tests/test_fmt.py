@@ -295,3 +295,35 @@ def test_cli_stdin_to_stdout() -> None:
         )
         assert check.returncode == expected, text
         assert check.stdout == ""
+
+
+def test_cli_json_is_one_document_in_every_mode(in_tmp: Path) -> None:
+    import json
+
+    (in_tmp / "bad.soa").write_text("layout A {\n    colum float32 x\n}\n")
+    (in_tmp / "ugly.soa").write_text("layout A{column float32 x}")
+    status, out, _ = run_cli("fmt", "bad.soa", "ugly.soa", "--format", "json")
+    document = json.loads(out)
+    assert status == 1
+    assert [(f["path"], f["error"]) for f in document["files"]] == [
+        ("bad.soa", True),
+        ("ugly.soa", False),
+    ]
+    assert document["files"][1]["formatted"] == "layout A {\n    column float32 x\n}\n"
+    assert [(d["path"], d["line"], d["code"]) for d in document["diagnostics"]] == [
+        ("bad.soa", 2, "SOA001")
+    ]
+    status, out, _ = run_cli("fmt", "--diff", "ugly.soa", "--format", "json")
+    (entry,) = json.loads(out)["files"]
+    assert status == 1 and entry["changed"] and "+    column float32 x" in entry["diff"]
+    for stdin_args, key in ((["-"], "formatted"), (["--check", "-"], None)):
+        done = subprocess.run(
+            [sys.executable, "-m", "soagen", "fmt", *stdin_args, "--format", "json"],
+            input="layout A{column float32 x}",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        (entry,) = json.loads(done.stdout)["files"]
+        assert entry["path"] == "<stdin>" and entry["changed"]
+        assert (key in entry) if key else set(entry) == {"path", "changed", "error"}
