@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from .helpers import REPO
 
@@ -20,3 +21,17 @@ def test_quick_start_has_two_commands_and_ci_runs_the_test_one() -> None:
     assert "python -m examples.run_gnn" in commands[0]
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci == commands[1]
+
+
+def test_running_models_snippet_runs(tmp_path: Path, gnn_build: tuple[Path, str, str]) -> None:
+    """The README's first model snippet, as written, with its files in a temporary folder."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Running models", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = snippet.replace('"edge_classifier.pt2"', repr(str(gnn_build[0])))
+    snippet = snippet.replace('"edge_classifier.pt"', repr(str(tmp_path / "edge_classifier.pt")))
+    namespace: dict[str, object] = {}
+    exec(compile(snippet, "README.md (Running models)", "exec"), namespace)
+    scores = namespace["scores"]
+    values = scores.score  # type: ignore[attr-defined]
+    assert values.shape == (100_000,) and bool(((values > 0) & (values < 1)).all())
