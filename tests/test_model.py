@@ -506,3 +506,32 @@ def test_a_collection_of_another_layout_with_the_same_name_is_refused(
     out = same.Scores.allocate(8)
     model(same.Hits.allocate(8, zero=True), out=out)
     assert out.score.tolist() == [1.0] * 8
+
+
+def test_out_of_a_model_with_several_output_layouts_is_checked(
+    generated_from_text: typing.Callable[[str], typing.Any],
+) -> None:
+    module = generated_from_text(
+        "layout In {\n    column float32 x\n}\n"
+        "layout OutA {\n    column float32 a\n}\n"
+        "layout OutB {\n    column float32 b\n}\n"
+        "model M {\n    input x = In{x}\n    output a = OutA{a}\n    output b = OutB{b}\n}\n"
+    )
+
+    class Model(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x + 1, x * 2
+
+    model = module.M(Model())
+    points = module.In.allocate(4)
+    points.x.copy_(torch.arange(4.0))
+    a, b = module.OutA.allocate(4, zero=True), module.OutB.allocate(4, zero=True)
+    expected = r"M takes out=\(OutA, OutB\): one collection per output layout, in that order; got "
+    for out, got in ((a, "OutA"), ((a,), r"\(OutA\)"), ((a, b, points), r"\(OutA, OutB, In\)")):
+        with pytest.raises(BindingError, match=expected + got):
+            model(points, out=out)
+    with pytest.raises(BindingError, match="M.a binds OutA, got OutB"):
+        model(points, out=(b, a))
+    assert not a.a.any() and not b.b.any()
+    model(points, out=[a, b])
+    assert a.a.tolist() == [1.0, 2.0, 3.0, 4.0] and b.b.tolist() == [0.0, 2.0, 4.0, 6.0]

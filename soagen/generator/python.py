@@ -398,13 +398,27 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
     parameters = {layout: _parameter_name(layout, taken) for layout in inputs}
     out_type: Expression
     out_of: dict[str, Expression]
+    unpack: list[str] = []
     if len(outputs) == 1:
         out_type = outputs[0]
         out_of = {outputs[0]: "out"}
     else:
         out_type = Subscript("tuple", tuple(outputs))
+        # Checked by the runtime: a lone collection or a tuple of another length gets a
+        # BindingError naming the layouts, not an IndexError.
+        unpack = [
+            render(
+                Call(
+                    "self._unpack_out",
+                    ("out", tuple_literal([string_literal(layout) for layout in outputs])),
+                ),
+                body,
+                "outputs = ",
+            )
+        ]
         out_of = {
-            layout: Subscript("out", (str(position),)) for position, layout in enumerate(outputs)
+            layout: Subscript("outputs", (str(position),))
+            for position, layout in enumerate(outputs)
         }
     lines = [
         f"{INDENT}def __call__(",
@@ -436,6 +450,7 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         "collection of the call must then have the same size)."
     )
     lines.append(docstring(doc, body))
+    lines += unpack
     lines.append(f"{body}self.run(")
     for direction, collections in (("input", parameters), ("output", out_of)):
         lines.append(f"{body}{INDENT}{{")

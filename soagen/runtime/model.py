@@ -209,6 +209,21 @@ class ModelBinding:
         known = ", ".join(spec.name for spec in (*cls.INPUTS, *cls.OUTPUTS))
         raise KeyError(f"{cls.NAME} has no binding {name!r}; its bindings are {known}")
 
+    def _unpack_out(self, out: object, layouts: tuple[str, ...]) -> tuple[Collection, ...]:
+        """`out=` of a model whose outputs lie in several layouts: one collection per layout, in
+        schema order (their layouts are checked with the rest of the call)."""
+        if isinstance(out, tuple | list) and len(out) == len(layouts):
+            return tuple(out)
+        got = (
+            f"({', '.join(_described(item) for item in out)})"
+            if isinstance(out, tuple | list)
+            else _described(out)
+        )
+        raise BindingError(
+            f"{type(self).NAME} takes out=({', '.join(layouts)}): one collection per output "
+            f"layout, in that order; got {got}"
+        )
+
     def run(
         self,
         inputs: Mapping[str, Collection],
@@ -404,6 +419,10 @@ class ModelBinding:
             )
 
 
+def _described(collection: object) -> str:
+    return str(getattr(collection, "NAME", type(collection).__name__))
+
+
 def _check_names(
     cls: type[ModelBinding],
     specs: tuple[BindingSpec, ...],
@@ -419,8 +438,7 @@ def _check_names(
         collection = given[spec.name]
         if getattr(collection, "NAME", None) != spec.block.layout:
             raise BindingError(
-                f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got "
-                f"{getattr(collection, 'NAME', type(collection).__name__)}"
+                f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got {_described(collection)}"
             )
         key = spec.block.layout_key
         if key and getattr(collection, "LAYOUT_KEY", "") != key:
