@@ -137,13 +137,20 @@ def test_pinned_allocation() -> None:
         with pytest.raises(DeviceError, match="pin_memory=True"):
             Nodes.allocate(1000, pin_memory=True)
     assert not Nodes.allocate(10).is_pinned
-    with pytest.raises(DeviceError, match="device must be 'cpu'"):
+    refusal = "device must be 'cpu'" if torch.cuda.is_available() else "has 0 CUDA device"
+    with pytest.raises(DeviceError, match=refusal):
         Nodes.allocate(10, device="cuda:0", pin_memory=True)
 
 
 def test_bad_device_names_are_named() -> None:
     with pytest.raises(DeviceError, match="device='nonsense'"):
         Nodes.allocate(10, device="nonsense")
+    # A GPU that is not there: named, not torch's AssertionError from a CPU build.
+    missing = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(DeviceError, match=f"device='{missing}': this machine has"):
+        Nodes.allocate(10, device=missing)
+    with pytest.raises(DeviceError, match=f"device='{missing}'"):
+        Nodes.allocate(10).to(missing)
 
 
 @pytest.mark.parametrize("bad", [-1, -100])

@@ -65,14 +65,25 @@ _DLPACK_FLAGS_OFFSET = (
 )
 
 
-def as_device(device: object, name: str = "device") -> torch.device:
-    """A torch.device from what a user writes ('cpu', 'cuda:1', torch.device(...)), or DeviceError."""
+def as_device(device: object, name: str = "device", *, must_exist: bool = True) -> torch.device:
+    """A torch.device from what a user writes ('cpu', 'cuda:1', torch.device(...)), or DeviceError;
+    with `must_exist`, a GPU this machine lacks is a DeviceError too (for memory to be put there)."""
     if isinstance(device, torch.device):
-        return device
-    try:
-        return typing.cast(torch.device, torch.device(device))  # type: ignore[call-overload]
-    except (RuntimeError, TypeError, ValueError) as error:
-        raise DeviceError(f"{name}={device!r} is not a torch device: {error}") from None
+        parsed = device
+    else:
+        try:
+            parsed = torch.device(device)  # type: ignore[call-overload]
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise DeviceError(f"{name}={device!r} is not a torch device: {error}") from None
+    if must_exist and parsed.type == "cuda":
+        # torch's own error here is an AssertionError ("Torch not compiled with CUDA enabled").
+        count = torch.cuda.device_count()
+        if not count or (parsed.index is not None and parsed.index >= count):
+            raise DeviceError(
+                f"{name}={device!r}: this machine has {count} CUDA device(s) for torch "
+                f"{torch.__version__} (CUDA {torch.version.cuda or 'not built in'})"
+            )
+    return parsed
 
 
 def device_matches(actual: torch.device, expected: torch.device) -> bool:

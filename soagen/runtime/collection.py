@@ -280,7 +280,7 @@ class Collection:
         adopted = buffers.adopt(buffer, read_only)
         tensor = adopted.tensor
         if device is not None:
-            expected = buffers.as_device(device)
+            expected = buffers.as_device(device, must_exist=False)
             if not buffers.device_matches(tensor.device, expected):
                 raise DeviceError(
                     f"buffer is on {tensor.device} but device={str(expected)!r} was asked for: wrap "
