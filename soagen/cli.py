@@ -128,6 +128,30 @@ def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default
     )
 
 
+INDEX_EXAMPLE = "edge_index=node_features"
+
+
+def parse_pairs(
+    items: Sequence[str], option: str, example: str, *, counts: bool = False
+) -> dict[str, str]:
+    """`["a=b", ...]` -> `{"a": "b"}`, binding names on both sides (with `counts`, an element
+    count >= 1 may stand on the right); a UsageError naming `option` for anything else."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        number = value.removeprefix("-")
+        if counts and key.isidentifier() and number.isascii() and number.isdigit():
+            if int(value) < 1:
+                raise UsageError(f"{option} {item}: an element count must be >= 1")
+        elif not sep or not key.isidentifier() or not value.isidentifier():
+            form = "NAME=NAME or NAME=COUNT" if counts else "INDEX=BOUND (input names)"
+            raise UsageError(f"{option} takes {form}, e.g. {example}; got {item!r}")
+        if pairs.get(key, value) != value:
+            raise UsageError(f"{option} gives {key!r} twice")
+        pairs[key] = value
+    return pairs
+
+
 def command_failed(error: Exception, output: _Output, *, usage: bool) -> int:
     """A command's own error: a usage error (exit 2) for a wrong argument, else reported (as JSON
     with --format json) with EXIT_PROBLEMS."""
@@ -607,7 +631,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
     if output.add(load(paths[0])) is None:
         return EXIT_PROBLEMS
     with needs_torch("compile needs torch: pip install 'soagen[torch]'"):
-        from soagen.compile import compile_model, parse_index_bounds
+        from soagen.compile import compile_model
         from soagen.errors import CommandError
 
     def progress(line: str) -> None:
@@ -621,7 +645,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             args.factory,
             output=args.output,
             device=args.device,
-            index_bounds=parse_index_bounds(args.index) if args.index else None,
+            index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None,
             columnwise=args.columnwise,
             write_outputs=args.write_outputs,
             progress=progress,

@@ -73,24 +73,6 @@ class CompileError(CommandError):
     that cannot be exported or compiled (exit 1)."""
 
 
-def parse_index_bounds(items: Sequence[str]) -> dict[str, str]:
-    """`["edge_index=node_features"]` -> `{"edge_index": "node_features"}`."""
-    bounds: dict[str, str] = {}
-    for item in items:
-        index, sep, bound = item.partition("=")
-        index, bound = index.strip(), bound.strip()
-        if not sep or not index.isidentifier() or not bound.isidentifier():
-            raise CompileError(
-                f"--index takes INDEX=BOUND (input names, e.g. edge_index=node_features), got "
-                f"{item!r}",
-                usage=True,
-            )
-        if index in bounds and bounds[index] != bound:
-            raise CompileError(f"--index gives {index!r} twice", usage=True)
-        bounds[index] = bound
-    return bounds
-
-
 def compile_model(
     schema_path: str | os.PathLike[str],
     model_name: str,
@@ -450,4 +432,4 @@ def _verify(
         check_agreement(binding, "the compiled package", actual, expected, sizes)
 
 
-__all__ = ["CompileError", "compile_model", "parse_index_bounds"]
+__all__ = ["CompileError", "compile_model"]

@@ -53,11 +53,13 @@ def torch_device(text: str) -> torch.device:
         raise CommandError(f"--device {text!r} is not a torch device", usage=True) from None
     if device.type not in ("cpu", "cuda"):
         raise CommandError(
-            f"AOTInductor packages are built for cpu or cuda, not {device.type}", usage=True
+            f"--device {text}: soagen builds and runs models on cpu or cuda, not {device.type}",
+            usage=True,
         )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CommandError(
-            f"--device {text}: no CUDA device here; compile on a machine with the target GPU",
+            f"--device {text}: this machine has no CUDA device (torch {torch.__version__}); run "
+            f"this where the target GPU is",
             usage=True,
         )
     return device

@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from soagen.compile import CompileError, compile_model, parse_index_bounds  # noqa: E402
+from soagen.compile import compile_model  # noqa: E402
 from soagen.runtime.aot import METADATA_KEY, AotBackend  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
     BindingError,
@@ -682,15 +682,26 @@ def test_package_for_another_device_refuses_to_run_here(
 # Argument errors: all found before anything is exported.
 
 
-def test_parse_index_bounds() -> None:
-    assert parse_index_bounds(["edge_index=node_features", " a = b "]) == {
+def test_parse_pairs() -> None:
+    from soagen.cli import UsageError, parse_pairs
+
+    assert parse_pairs(["edge_index=node_features", " a = b "], "--index", "x=y") == {
         "edge_index": "node_features",
         "a": "b",
     }
-    for bad in ("edge_index", "=x", "a=b=c", "a-b=c"):
-        with pytest.raises(CompileError) as caught:
-            parse_index_bounds([bad])
-        assert caught.value.usage
+    for bad in ("edge_index", "=x", "a=b=c", "a-b=c", "a=5"):  # counts only with counts=True
+        with pytest.raises(UsageError, match=f"--index takes INDEX=BOUND .*; got '{bad}'"):
+            parse_pairs([bad], "--index", "x=y")
+    with pytest.raises(UsageError, match="--index gives 'a' twice"):
+        parse_pairs(["a=b", "a=c"], "--index", "x=y")
+    sizes = ["scores=7", "other=edges"]
+    assert parse_pairs(sizes, "--output-size", "x=y", counts=True) == {
+        "scores": "7",
+        "other": "edges",
+    }
+    for bad in ("scores=0", "scores=-5"):
+        with pytest.raises(UsageError, match=f"--output-size {bad}: an element count must be >= 1"):
+            parse_pairs([bad], "--output-size", "x=y", counts=True)
 
 
 def _cli_compile(tmp_path: Path, *extra: str, factory: str = GNN_FACTORY) -> tuple[int, str]:

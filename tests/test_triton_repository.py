@@ -359,7 +359,7 @@ def test_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> Non
         (["--backend", "pytorch", "--merge-events"], "only --backend python does"),
         ([*GNN_SIZES, "--runtime", "aot", "--package", "PT"], "is a torchscript file"),
         ([*GNN_SIZES, "--output-size", "edge_scores=edge_index"], "gives 'edge_scores' twice"),
-        ([*GNN_SIZES, "--index", "edge_index"], "--index takes NAME=VALUE"),
+        ([*GNN_SIZES, "--index", "edge_index"], "--index takes INDEX=BOUND"),
         ([*GNN_SIZES, "--gpus", "0"], "--gpus needs --device gpu"),
         ([*GNN_SIZES, "--columnwise"], "--columnwise is an option of `soagen compile`"),
         ([*GNN_SIZES, "--write-outputs"], "--write-outputs is an option of `soagen compile`"),

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import typing
 import warnings
 from dataclasses import dataclass
 from typing import Any

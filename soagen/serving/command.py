@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from soagen.cli import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    INDEX_EXAMPLE,
     UsageError,
     _Output,
     add_factory_argument,
@@ -24,6 +25,7 @@ from soagen.cli import (
     add_model_arguments,
     command_failed,
     needs_torch,
+    parse_pairs,
     path_argument,
 )
 from soagen.errors import CommandError
@@ -120,9 +122,8 @@ def _serve(args: argparse.Namespace, output: _Output) -> int:
         if output.add(load(args.source)) is None:
             return EXIT_PROBLEMS
     with needs_torch("serve needs torch: pip install 'soagen[torch,serve]'"):
-        from soagen.compile import parse_index_bounds
         from soagen.serving.server import serve, wait_forever, write_token
-    bounds = parse_index_bounds(args.index) if args.index else None  # a usage CompileError
+    bounds = parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None
 
     stop = threading.Event()
     start = time.perf_counter()

@@ -13,6 +13,7 @@ from pathlib import Path
 from soagen.cli import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    INDEX_EXAMPLE,
     UsageError,
     _Output,
     _schema_paths,
@@ -22,6 +23,7 @@ from soagen.cli import (
     add_model_arguments,
     add_write_outputs_argument,
     command_failed,
+    parse_pairs,
     path_argument,
 )
 from soagen.dsl.loader import load
@@ -31,7 +33,6 @@ from soagen.triton.config import (
     BACKENDS,
     NAMINGS,
     RUNTIMES,
-    parse_pairs,
 )
 
 
@@ -161,11 +162,9 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             max_queue_delay_us=args.max_queue_delay_us,
             merge_events=args.merge_events,
             output_sizes=parse_pairs(
-                args.output_size, "--output-size", "edge_scores=edge_features"
+                args.output_size, "--output-size", "edge_scores=edge_features", counts=True
             ),
-            index_bounds=parse_pairs(args.index, "--index", "edge_index=node_features")
-            if args.index
-            else None,
+            index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None,
         )
         written = write_model(request, progress)
     except CommandError as error:  # TritonError, CompileError, soagen.modelbuild's own

@@ -575,18 +575,3 @@ def output_sizes(
                 usage=True,
             )
     return sizes
-
-
-def parse_pairs(items: Sequence[str], option: str, example: str) -> dict[str, str]:
-    """`["a=b", ...]` -> `{"a": "b"}`; a usage error naming `option` for anything else."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or not key.isidentifier() or not (value.isidentifier() or value.isdigit()):
-            raise TritonError(
-                f"{option} takes NAME=VALUE (e.g. {example}), got {item!r}", usage=True
-            )
-        if pairs.get(key, value) != value:
-            raise TritonError(f"{option} gives {key!r} twice", usage=True)
-        pairs[key] = value
-    return pairs
