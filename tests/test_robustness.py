@@ -674,6 +674,16 @@ def test_wide_characters_in_docs_count_two_columns(tmp_path: Path) -> None:
     assert '        _soagen.MemberSpec(\n            "x",\n' in text
 
 
+@pytest.mark.parametrize("text", ["", "// nothing yet\n", "layout Lone {\n    column int8 x\n}\n"])
+def test_schemas_with_nothing_to_list_stay_in_ruff_format(tmp_path: Path, text: str) -> None:
+    """Empty `__all__` and `BLOCKS`, and no imports: the forms ruff gives empty literals."""
+    (tmp_path / "small.soa").write_text(text)
+    (module,) = generate(load(tmp_path / "small.soa").unwrap()).values()
+    (tmp_path / "small.py").write_text(module, encoding="utf-8")
+    _ruff_format_check(tmp_path, "small.py")
+    assert ("__all__ = []\n" in module) == (not text.startswith("layout"))
+
+
 def test_long_names_in_every_generated_construct_stay_in_ruff_format(tmp_path: Path) -> None:
     """A name of 80 to 90 characters in each place a name reaches the generated code: class
     headers, NAME, offsets after a long key, view functions, blocks, accessors, bindings of local

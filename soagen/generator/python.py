@@ -89,6 +89,14 @@ class LayoutModel:
     def header(self) -> str:
         return class_header(self.name, f"{RUNTIME}.Collection")
 
+    @property
+    def blocks_lines(self) -> tuple[str, ...]:
+        """The `BLOCKS` attribute, as ruff formats it: `{}` alone when the file binds none."""
+        annotation = f"{INDENT}BLOCKS: _typing.ClassVar[dict[str, {RUNTIME}.BlockSpec]] = "
+        if not self.blocks:
+            return (annotation + "{}",)
+        return (annotation + "{", *self.blocks, INDENT + "}")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelModel:
@@ -505,14 +513,22 @@ def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
             version=soagen.__version__,
             source=comment_text(schema_file.path),
             module_doc=docstring(module_doc, ""),
-            imports=import_lines,
-            exported=[string_literal(name) for name in exported],
+            # A blank line before the imports of other generated modules, where there are any.
+            imports=["", *import_lines] if import_lines else [],
+            exported=_list_lines("__all__", [string_literal(name) for name in exported]),
             layouts=[_layout_model(layout, schema_file) for layout in schema_file.layouts],
             models=[_model_model(model, schema, schema_file) for model in schema_file.models],
             runtime=RUNTIME,
         )
     )
     return text.rstrip("\n") + "\n"
+
+
+def _list_lines(name: str, items: list[str]) -> list[str]:
+    """`name = [...]`, one item a line, as ruff formats it (`[]` alone when empty)."""
+    if not items:
+        return [f"{name} = []"]
+    return [f"{name} = [", *(f"{INDENT}{item}," for item in items), "]"]
 
 
 def generate(schema: Schema) -> dict[str, str]:
