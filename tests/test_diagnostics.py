@@ -941,3 +941,13 @@ def test_any_text_gives_diagnostics_or_a_clean_schema(tmp_path: Path, text: str)
         for name in names:
             assert name.isascii() and name.isidentifier() and not keyword.iskeyword(name)
             assert not name.startswith("_")
+
+
+def test_a_name_declared_twice_in_a_model_is_one_error(tmp_path: Path) -> None:
+    """The second `a` names another block, but that is the same mistake, reported once."""
+    result = load_text(
+        tmp_path,
+        "layout A {\n    column float32 x, y\n}\nmodel M {\n    input a = A{x}\n"
+        "    output a = A{y}\n}\n",
+    )
+    assert [(d.code, d.span.line) for d in result.diagnostics] == [("SOA106", 6)]

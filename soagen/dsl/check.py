@@ -457,7 +457,11 @@ def check_block_names(
     seen: dict[tuple[str, str], Binding] = {}
     layouts = layouts or {}
     for model in models:
+        in_model: set[str] = set()
         for binding in model.bindings:
+            if binding.name in in_model:
+                continue  # the same name twice in one model is SOA106 already
+            in_model.add(binding.name)
             key = (binding.layout_name, binding.name)
             earlier = seen.get(key)
             if earlier is None:
