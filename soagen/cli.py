@@ -220,7 +220,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     generate.add_argument(
         "-o",
-        "--out",
+        "--output",
+        "--out",  # the first spelling; compile, triton and serve say --output
+        dest="out",
         default=DEFAULT_OUT,
         type=path_argument,
         metavar="DIR",
@@ -247,7 +249,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "-o",
-        "--out",
+        "--output",
+        "--out",  # the first spelling; compile, triton and serve say --output
+        dest="out",
         default=DEFAULT_OUT,
         type=path_argument,
         metavar="DIR",

@@ -291,7 +291,7 @@ def test_model_files_are_recognised_by_content(tmp_path: Path) -> None:
     scripted = tmp_path / "scripted.pt2"  # a misleading suffix changes nothing
     torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(scripted))
     with pytest.raises(
-        ModelLoadError, match="is a torchscript file; it cannot run with backend='aot'"
+        ModelLoadError, match=r"is a TorchScript file \(.pt\); it cannot run with backend=.aot."
     ):
         EdgeClassifier.load(scripted, backend="aot")
 

@@ -207,9 +207,9 @@ def test_show_rejects_negative_size(in_tmp: Path) -> None:
     ("args", "named"),
     [
         (["", "-o", "out"], "SCHEMA"),
-        (["x.soa", "-o", ""], "-o/--out"),
+        (["x.soa", "-o", ""], "-o/--output/--out"),
         (["check", ""], "SCHEMA"),
-        (["check", "x.soa", "-o", ""], "-o/--out"),
+        (["check", "x.soa", "-o", ""], "-o/--output/--out"),
         (["show", "", "--size", "1"], "SCHEMA"),
         (["lint", ""], "SCHEMA"),
         (["lint", "x.soa", "--config", ""], "--config"),

@@ -357,7 +357,7 @@ def test_cli_refuses_to_replace_a_folder_it_did_not_write(tmp_path: Path) -> Non
         (["--backend", "pytorch", "--max-batch-size", "4"], "PyTorch backend hands ragged"),
         ([*GNN_SIZES, "--max-batch-size", "0"], "--max-batch-size 0: the Python backend"),
         (["--backend", "pytorch", "--merge-events"], "only --backend python does"),
-        ([*GNN_SIZES, "--runtime", "aot", "--package", "PT"], "is a torchscript file"),
+        ([*GNN_SIZES, "--runtime", "aot", "--package", "PT"], "is a TorchScript file"),
         ([*GNN_SIZES, "--output-size", "edge_scores=edge_index"], "gives 'edge_scores' twice"),
         ([*GNN_SIZES, "--index", "edge_index"], "--index takes INDEX=BOUND"),
         ([*GNN_SIZES, "--gpus", "0"], "--gpus needs --device gpu"),

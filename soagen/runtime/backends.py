@@ -290,12 +290,16 @@ def _from_file(path: Path, kind: str | None, binding: type[ModelBinding]) -> Bac
         raise ModelLoadError(f"model file {str(path)!r} does not exist or is not a file")
     found = file_kind(path)
     if kind is not None and kind != found:
-        raise ModelLoadError(f"{path} is a {found} file; it cannot run with backend={kind!r}")
+        raise ModelLoadError(f"{path} is {FILE_KINDS[found]}; it cannot run with backend={kind!r}")
     if found == "aot":
         from soagen.runtime.aot import AotBackend
 
         return AotBackend(path, binding)
     return TorchScriptBackend(path)
+
+
+# What each `file_kind` is, for messages.
+FILE_KINDS = {"aot": "an AOTInductor package (.pt2)", "torchscript": "a TorchScript file (.pt)"}
 
 
 def file_kind(path: Path) -> str:

@@ -188,6 +188,13 @@ class ModelBinding:
     def backend(self) -> str:
         return self._backend.kind
 
+    def __repr__(self) -> str:
+        placed = ", ".join(str(device) for device in self._backend.devices) or "nowhere yet"
+        return (
+            f"<{type(self).NAME} {self._backend.kind}: {self._backend.description}; "
+            f"placed on {placed}>"
+        )
+
     def close(self) -> None:
         """Release the runners placed on the devices the model ran on (its copies on GPUs,
         TorchScript modules and AOTInductor packages loaded there); a later call places it again.

@@ -40,7 +40,8 @@ class BlockSpec:
     members: tuple[str, ...]
     dtype: str
     axes: tuple[str, ...]  # `n`, `c` or an array extent, in tensor order
-    view: Callable[[int], StridedView]  # closed-form geometry for n elements
+    # closed-form geometry for n elements (a generated function: its repr says nothing)
+    view: Callable[[int], StridedView] = field(repr=False)
     # The `LAYOUT_KEY` of the layout class generated with it; "" (hand-made specs) checks nothing.
     layout_key: str = ""
     # Collections look views up by block on every model call: hash the fields once.

@@ -242,9 +242,11 @@ def _runtime(request: Request) -> str:
             "aot": "a .pt2 package from `soagen compile`",
             "torchscript": "a TorchScript .pt file",
         }.get(runtime, "--factory: it builds the model in the server")
+        from soagen.runtime.backends import FILE_KINDS
+
         raise TritonError(
-            f"--package {request.package} is a {package_kind} file; --runtime {runtime} needs "
-            f"{needs}",
+            f"--package {request.package} is {FILE_KINDS[package_kind]}; --runtime {runtime} "
+            f"needs {needs}",
             usage=True,
         )
     return runtime
