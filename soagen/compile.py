@@ -102,6 +102,12 @@ def compile_model(
     target = Path(output)
     if target.suffix != ".pt2":
         raise CompileError(f"the output must be a .pt2 file, got {str(target)!r}", usage=True)
+    # Found now, not after a compile of tens of seconds.
+    if target.is_dir():
+        raise CompileError(f"--output {target}: a folder of that name exists", usage=True)
+    blocking = next((parent for parent in target.parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise CompileError(f"--output {target}: {blocking} is a file, not a folder", usage=True)
     target_device = torch_device(device)
     stages = _Stages(progress or (lambda line: None))
     with tempfile.TemporaryDirectory(prefix="soagen-compile-") as workdir:

@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from soagen.compile import compile_model  # noqa: E402
+from soagen.compile import CompileError, compile_model  # noqa: E402
 from soagen.runtime.aot import METADATA_KEY, AotBackend  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
     BindingError,
@@ -885,3 +885,17 @@ def test_a_cuda_package_for_another_gpu_generation_is_refused(
         r"9.0; cuda:1 has 8.0",
     ):
         check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "90"}, 1)
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_compiling(tmp_path: Path) -> None:
+    (tmp_path / "taken.pt2").mkdir()
+    (tmp_path / "file").write_text("")
+    for output, message in (
+        (tmp_path / "taken.pt2", "a folder of that name exists"),
+        (tmp_path / "file" / "x.pt2", "file is a file, not a folder"),
+    ):
+        with pytest.raises(CompileError, match=message) as caught:
+            compile_model(
+                REPO / "schemas" / "gnn.soa", "EdgeClassifier", GNN_FACTORY, output=output
+            )
+        assert caught.value.usage
