@@ -333,7 +333,7 @@ class _Output:
         if not self.diagnostics:
             return
         if self.format == "github":
-            print(render_github(self.diagnostics))
+            print(render_github(self.diagnostics, os.environ.get("GITHUB_WORKSPACE")))
         elif self.format == "json":
             print(render_json(self.diagnostics))
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -113,7 +114,7 @@ def _print_diagnostics(
 ) -> None:
     if output.format == "github":
         if diagnostics:
-            print(render_github(diagnostics))
+            print(render_github(diagnostics, os.environ.get("GITHUB_WORKSPACE")))
     elif output.format == "text" and diagnostics:
         print(render_text(diagnostics, sources, output.color))
 

@@ -13,6 +13,7 @@ import textwrap
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,8 +698,19 @@ def _github_escape(text: str, property_value: bool = False) -> str:
     return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
 
 
-def render_github(diagnostics: Iterable[Diagnostic]) -> str:
-    """One workflow annotation per diagnostic (`::error file=...,line=...,col=...::message`)."""
+def _from_root(path: str, root: str | None) -> str:
+    if not root:
+        return path
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except (ValueError, OSError):
+        return path
+
+
+def render_github(diagnostics: Iterable[Diagnostic], root: str | None = None) -> str:
+    """One workflow annotation per diagnostic (`::error file=...,line=...,col=...::message`).
+    GitHub places annotations by path from the repository's root: with `root` (the workflow's
+    `GITHUB_WORKSPACE`), paths under it are given from there, whatever the working folder."""
     lines = []
     for diagnostic in diagnostics:
         span = diagnostic.span
@@ -706,7 +718,7 @@ def render_github(diagnostics: Iterable[Diagnostic]) -> str:
         properties = ",".join(
             f"{key}={_github_escape(str(value), property_value=True)}"
             for key, value in (
-                ("file", span.path),
+                ("file", _from_root(span.path, root)),
                 ("line", span.line),
                 ("col", span.column),
                 ("endLine", span.end_line),

@@ -131,6 +131,21 @@ def test_github_annotations(in_tmp: Path) -> None:
     ]
 
 
+def test_github_annotations_give_paths_from_the_workspace(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow step with `working-directory: schemas` still annotates schemas/case.soa."""
+    (in_tmp / "schemas").mkdir()
+    (in_tmp / "schemas" / "case.soa").write_text(CASES["MEMBER_SNAKE_CASE"][0])
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(in_tmp))
+    os.chdir(in_tmp / "schemas")
+    out = run_cli("lint", "case.soa", "--format", "github")[1]
+    assert out.startswith("::error file=schemas/case.soa,line=7,col=18,"), out
+    (in_tmp / "schemas" / "bad.soa").write_text("layout A {\n")  # a schema error, not a finding
+    out = run_cli("lint", "bad.soa", "--format", "github")[1]
+    assert out.startswith("::error file=schemas/bad.soa,"), out
+
+
 def test_categories_nest(in_tmp: Path) -> None:
     text = CLEAN.replace("/// Hits of a tracker.\n", "").replace("Hits", "tracker_hits")
     (in_tmp / "case.soa").write_text(text)
