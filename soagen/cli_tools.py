@@ -16,7 +16,8 @@ from pathlib import Path
 
 from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths, path_argument
 from soagen.completion import GENERATORS, script
-from soagen.diagnostics import Diagnostic, render_github, render_text, to_json_object
+from soagen.diagnostics import Diagnostic, Span, render_github, render_text, to_json_object
+from soagen.dsl.loader import read_schema
 
 CommandFactory = Callable[..., argparse.ArgumentParser]
 
@@ -167,22 +168,25 @@ def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
 
     if "-" in args.schemas and args.schemas != ["-"]:
         raise UsageError("`-` (stdin) cannot be combined with paths")
-    # (shown name, text, the file to rewrite: None for stdin, which goes to stdout)
-    sources: list[tuple[str, str, Path | None]] = []
+    # (shown name, text or why it cannot be read, the file to rewrite: None for stdin)
+    sources: list[tuple[str, str | tuple[str, Span], Path | None]] = []
     if args.schemas == ["-"]:
         sources.append(("<stdin>", sys.stdin.read(), None))
     else:
         for path in _schema_paths(args.schemas):
-            shown = path.as_posix()
-            try:
-                sources.append((shown, path.read_text(encoding="utf-8-sig"), path))
-            except (OSError, UnicodeDecodeError) as error:
-                raise UsageError(f"cannot read `{shown}`: {error}") from error
+            sources.append((path.as_posix(), read_schema(path, path.as_posix()), path))
     changed: list[str] = []
     failed = False
     results: list[dict[str, object]] = []
     printed: list[str] = []
     for shown, text, target in sources:
+        if not isinstance(text, str):
+            reason, where = text
+            output.diagnostics.append(
+                Diagnostic("SOA002", f"cannot read `{shown}`: {reason}", where)
+            )
+            results.append({"path": shown, "changed": False, "error": True})
+            continue
         try:
             formatted, problems = format_source(text, shown)
         except FormatBug as bug:  # never expected; the file is left as it is

@@ -951,3 +951,16 @@ def test_a_name_declared_twice_in_a_model_is_one_error(tmp_path: Path) -> None:
         "    output a = A{y}\n}\n",
     )
     assert [(d.code, d.span.line) for d in result.diagnostics] == [("SOA106", 6)]
+
+
+def test_a_file_that_is_not_utf8_is_refused_where_its_bad_byte_is(tmp_path: Path) -> None:
+    schema = tmp_path / "latin.soa"
+    schema.write_bytes("layout A {\n    column float32 énergie\n}\n".encode("latin-1"))
+    (problem,) = load(schema).diagnostics
+    assert (problem.code, problem.span.line, problem.span.column) == ("SOA002", 2, 20)
+    assert "byte 0xe9 at line 2, column 20 (save it as UTF-8)" in problem.message
+    # fmt says the same, as a schema error (exit 1), not a usage error.
+    from .helpers import run_cli
+
+    status, _, err = run_cli("fmt", str(schema), "--color", "never")
+    assert status == 1 and ":2:20: error[SOA002]" in err

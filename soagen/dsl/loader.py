@@ -102,29 +102,47 @@ class _Loader:
         frames.append((path, list(schema_file.imports) if schema_file is not None else []))
 
     def text(self, path: Path, shown: str, import_span: Span | None) -> str | None:
-        reason = None
-        try:
-            # A FIFO or a device would block or never end: only regular files are schemas.
-            if path.exists() and not path.is_file():
-                reason = "not a regular file"
-            else:
-                # utf-8-sig: editors on Windows open files with a byte order mark.
-                return path.read_text(encoding="utf-8-sig")
-        except OSError as error:
-            reason = error.strerror or str(error)
-        except (UnicodeDecodeError, ValueError) as error:
-            reason = (
-                f"not UTF-8 text ({error})" if isinstance(error, UnicodeDecodeError) else str(error)
-            )
+        read = read_schema(path, shown)
+        if isinstance(read, str):
+            return read
+        reason, where = read
         if import_span is not None:
             self.diagnostics.append(
                 Diagnostic("SOA401", f"cannot import `{shown}`: {reason}", import_span)
             )
         else:
-            self.diagnostics.append(
-                Diagnostic("SOA002", f"cannot read `{shown}`: {reason}", Span(shown, 1, 1, 1, 1))
-            )
+            self.diagnostics.append(Diagnostic("SOA002", f"cannot read `{shown}`: {reason}", where))
         return None
+
+
+def read_schema(path: Path, shown: str) -> str | tuple[str, Span]:
+    """A schema file's text, or why it cannot be read and where (a bad byte's place)."""
+    try:
+        # A FIFO or a device would block or never end: only regular files are schemas.
+        if path.exists() and not path.is_file():
+            return "not a regular file", Span(shown, 1, 1, 1, 1)
+        data = path.read_bytes()
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        return reason, Span(shown, 1, 1, 1, 1)
+    try:
+        # utf-8-sig: editors on Windows open files with a byte order mark.
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        where = _byte_span(shown, data, error.start)
+        return (
+            f"not UTF-8 text: byte 0x{data[error.start]:02x} at line {where.line}, column "
+            f"{where.column} (save it as UTF-8)",
+            where,
+        )
+
+
+def _byte_span(shown: str, data: bytes, offset: int) -> Span:
+    """The line and column (in characters of the valid text before it) of a byte offset."""
+    line_start = data.rfind(b"\n", 0, offset) + 1
+    line = data.count(b"\n", 0, offset) + 1
+    column = len(data[line_start:offset].decode("utf-8", errors="replace")) + 1
+    return Span(shown, line, column, line, column + 1)
 
 
 def _resolve(importer: Path, target: str) -> Path | None:
