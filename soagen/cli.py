@@ -310,7 +310,8 @@ def _schema_paths(arguments: Sequence[str]) -> list[Path]:
         elif path.exists():
             paths.append(path)
         else:
-            raise UsageError(f"no such file or folder: `{argument}`")
+            default = " (the default when no schema is named)" if argument == "schemas" else ""
+            raise UsageError(f"no such file or folder: `{argument}`{default}")
     return paths
 
 
@@ -415,9 +416,8 @@ def cmd_generate(args: argparse.Namespace, output: _Output) -> int:
         for target in written:
             print(f"wrote {target.as_posix()}")
         if not written:
-            print(
-                f"{out.as_posix()}: {len(modules)} module{'s' if len(modules) != 1 else ''} up to date"
-            )
+            count = len(modules)
+            print(f"{count} module{'s' if count != 1 else ''} in {out.as_posix()} up to date")
     return EXIT_OK
 
 

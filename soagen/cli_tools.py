@@ -102,7 +102,7 @@ def add_commands(factory: CommandFactory) -> None:
         "--against", required=True, metavar="REF", help="git ref to compare with (HEAD, a branch)"
     )
 
-    completion = factory("completion", "print a shell completion script")
+    completion = factory("completion", "print a shell completion script", formats=("text",))
     completion.add_argument("shell", choices=tuple(GENERATORS), help="the shell")
 
 
