@@ -65,3 +65,21 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         assert entry["lint_ms"] > 0 and entry["lint_command_ms"] > 0
         assert entry["torch_imported"] is False  # read from the importing interpreter
     assert "| soagen torchscript |" in result.stdout
+    # Not judged in a smoke run, but the judging itself runs on its numbers.
+    assert "not judged: a --quick run" in result.stdout
+    judged = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_models; "
+            f"print('\\n'.join(bench_models.evaluate_targets(json.load(open({str(tmp_path / 'results.json')!r})))))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert judged.returncode == 0, judged.stderr[-3000:]
+    for model in ("mlp", "gnn"):
+        assert f"- {model}, fastest soagen vs ONNX Runtime: 1e3:" in judged.stdout
+        assert f"- {model}, binding layer at n = " in judged.stdout
