@@ -115,6 +115,58 @@ def add_write_outputs_argument(parser: argparse.ArgumentParser, *, when: str = "
     )
 
 
+def counted(count: int, word: str) -> str:
+    """`1 file`, `2 files`."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def unified_diff(before: str, after: str, before_label: str, after_label: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=before_label,
+            tofile=after_label,
+        )
+    )
+
+
+def add_schemas_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    required: bool = False,
+    default: str = "schemas",
+    extra: str = "",
+) -> None:
+    """The `SCHEMA ...` positional: .soa files or folders, `default` when none is named."""
+    if required:
+        parser.add_argument(
+            "schemas", nargs="+", type=path_argument, metavar="SCHEMA", help=".soa files or folders"
+        )
+        return
+    parser.add_argument(
+        "schemas",
+        nargs="*",
+        default=[default],
+        type=path_argument,
+        metavar="SCHEMA",
+        help=f".soa files or folders (default {default}){extra}",
+    )
+
+
+def add_out_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        "--out",  # the first spelling; compile, triton and serve say --output
+        dest="out",
+        default=DEFAULT_OUT,
+        type=path_argument,
+        metavar="DIR",
+        help=help_text,
+    )
+
+
 def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default: str) -> None:
     """`--index INDEX=BOUND` (repeatable); `checked`: when the indices are checked, if they are."""
     parser.add_argument(
@@ -211,23 +263,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     generate = command("generate", "generate Python modules from schemas (the default command)")
-    generate.add_argument(
-        "schemas",
-        nargs="+",
-        type=path_argument,
-        metavar="SCHEMA",
-        help=".soa files or folders of them",
-    )
-    generate.add_argument(
-        "-o",
-        "--output",
-        "--out",  # the first spelling; compile, triton and serve say --output
-        dest="out",
-        default=DEFAULT_OUT,
-        type=path_argument,
-        metavar="DIR",
-        help="output folder (default generated)",
-    )
+    add_schemas_argument(generate, required=True)
+    add_out_argument(generate, "output folder (default generated)")
 
     show = command("show", "print the byte layout of every collection for n elements")
     show.add_argument("schema", type=path_argument, metavar="SCHEMA", help="a .soa file")
@@ -239,24 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     check = command("check", "exit 1, with a diff, if generated modules are stale")
-    check.add_argument(
-        "schemas",
-        nargs="*",
-        default=["schemas"],
-        type=path_argument,
-        metavar="SCHEMA",
-        help="files or folders (default schemas)",
-    )
-    check.add_argument(
-        "-o",
-        "--output",
-        "--out",  # the first spelling; compile, triton and serve say --output
-        dest="out",
-        default=DEFAULT_OUT,
-        type=path_argument,
-        metavar="DIR",
-        help="folder of generated modules (default generated)",
-    )
+    add_schemas_argument(check)
+    add_out_argument(check, "folder of generated modules (default generated)")
 
     explain = command("explain", "say what a diagnostic code means")
     explain.add_argument("code", metavar="CODE", help="e.g. SOA303 or a lint rule ID")
@@ -339,8 +360,7 @@ class _Output:
             print(render_json(self.diagnostics))
         else:
             print(render_text(self.diagnostics, self.sources, self.color), file=sys.stderr)
-            count = len(self.diagnostics)
-            print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
+            print(counted(len(self.diagnostics), "error"), file=sys.stderr)
 
 
 def _generate_all(paths: list[Path], output: _Output) -> dict[str, tuple[str, str]]:
@@ -416,8 +436,7 @@ def cmd_generate(args: argparse.Namespace, output: _Output) -> int:
         for target in written:
             print(f"wrote {target.as_posix()}")
         if not written:
-            count = len(modules)
-            print(f"{count} module{'s' if count != 1 else ''} in {out.as_posix()} up to date")
+            print(f"{counted(len(modules), 'module')} in {out.as_posix()} up to date")
     return EXIT_OK
 
 
@@ -438,16 +457,8 @@ def cmd_check(args: argparse.Namespace, output: _Output) -> int:
         if current is None:
             diffs.append(f"{target.as_posix()}: missing (generated from {origin})\n")
             continue
-        diffs.append(
-            "".join(
-                difflib.unified_diff(
-                    current.splitlines(keepends=True),
-                    text.splitlines(keepends=True),
-                    fromfile=f"{target.as_posix()} (on disk)",
-                    tofile=f"{target.as_posix()} (from {origin})",
-                )
-            )
-        )
+        shown = target.as_posix()
+        diffs.append(unified_diff(current, text, f"{shown} (on disk)", f"{shown} (from {origin})"))
     orphans: list[str] = []
     if out.is_dir():
         for orphan in sorted(out.glob("*.py")):
@@ -475,7 +486,7 @@ def cmd_check(args: argparse.Namespace, output: _Output) -> int:
             # Generating never deletes a module, so only removing it makes the check pass.
             print(f"delete what no schema generates: `rm {' '.join(orphans)}`", file=sys.stderr)
         if not stale:
-            print(f"{len(modules)} generated module{'s' if len(modules) != 1 else ''} up to date")
+            print(f"{counted(len(modules), 'generated module')} up to date")
     return EXIT_PROBLEMS if stale else EXIT_OK
 
 

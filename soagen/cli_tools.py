@@ -7,14 +7,23 @@ it runs, so `soagen generate` never pays for them.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from soagen.cli import EXIT_OK, EXIT_PROBLEMS, UsageError, _Output, _schema_paths, path_argument
+from soagen.cli import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    UsageError,
+    _Output,
+    _schema_paths,
+    add_schemas_argument,
+    counted,
+    path_argument,
+    unified_diff,
+)
 from soagen.completion import GENERATORS, script
 from soagen.diagnostics import Diagnostic, Span, render_github, render_text, to_json_object
 from soagen.dsl.loader import read_schema
@@ -33,14 +42,7 @@ def add_commands(factory: CommandFactory) -> None:
         "check schemas against style and design rules (pyproject [tool.soagen.lint])",
         formats=("text", "json", "github"),
     )
-    lint.add_argument(
-        "schemas",
-        nargs="*",
-        default=["schemas"],
-        type=path_argument,
-        metavar="SCHEMA",
-        help=".soa files or folders (default schemas)",
-    )
+    add_schemas_argument(lint)
     lint.add_argument(
         "--select",
         type=_rule_list,
@@ -66,14 +68,7 @@ def add_commands(factory: CommandFactory) -> None:
     )
 
     fmt = factory("fmt", "format schemas in the one canonical style, keeping every comment")
-    fmt.add_argument(
-        "schemas",
-        nargs="*",
-        default=["schemas"],
-        type=path_argument,
-        metavar="SCHEMA",
-        help=".soa files or folders (default schemas); `-` reads stdin and writes stdout",
-    )
+    add_schemas_argument(fmt, extra="; `-` reads stdin and writes stdout")
     mode = fmt.add_mutually_exclusive_group()
     mode.add_argument("-w", "--write", action="store_true", help="rewrite files in place")
     mode.add_argument(
@@ -90,24 +85,13 @@ def add_commands(factory: CommandFactory) -> None:
         "report changes since a git ref that break generated code or shared buffers",
         formats=("text", "json", "github"),
     )
-    breaking.add_argument(
-        "schemas",
-        nargs="*",
-        default=["."],
-        type=path_argument,
-        metavar="SCHEMA",
-        help=".soa files or folders (default: every .soa file git knows of)",
-    )
+    add_schemas_argument(breaking, default=".", extra=": every .soa file git knows of")
     breaking.add_argument(
         "--against", required=True, metavar="REF", help="git ref to compare with (HEAD, a branch)"
     )
 
     completion = factory("completion", "print a shell completion script", formats=("text",))
     completion.add_argument("shell", choices=tuple(GENERATORS), help="the shell")
-
-
-def _counted(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _print_diagnostics(
@@ -154,12 +138,12 @@ def cmd_lint(args: argparse.Namespace, output: _Output) -> int:
         _print_diagnostics(report.diagnostics, report.sources, output)
         if output.format == "text":
             if report.diagnostics:
-                parts = [_counted(report.findings, "finding")]
+                parts = [counted(report.findings, "finding")]
                 if report.schema_errors:
-                    parts.append(_counted(report.schema_errors, "schema error"))
-                print(f"{' and '.join(parts)} in {_counted(report.files, 'file')}")
+                    parts.append(counted(report.schema_errors, "schema error"))
+                print(f"{' and '.join(parts)} in {counted(report.files, 'file')}")
             else:
-                print(f"{_counted(report.files, 'file')} checked: no findings")
+                print(f"{counted(report.files, 'file')} checked: no findings")
     return EXIT_PROBLEMS if report.diagnostics else EXIT_OK
 
 
@@ -204,7 +188,9 @@ def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
         if formatted != text:
             changed.append(shown)
             if args.diff:
-                result["diff"] = _diff(text, formatted, shown)
+                result["diff"] = unified_diff(
+                    text, formatted, f"{shown} (original)", f"{shown} (formatted)"
+                )
             if args.write and target is not None:
                 target.write_text(formatted, encoding="utf-8")
         if not (args.check or args.diff or (args.write and target is not None)):
@@ -227,19 +213,8 @@ def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
         for shown in changed:
             print(f"would reformat {shown}", file=sys.stderr)
         if not changed and not output.diagnostics and sources[0][2] is not None:
-            print(f"{_counted(len(results), 'file')} already formatted", file=sys.stderr)
+            print(f"{counted(len(results), 'file')} already formatted", file=sys.stderr)
     return status
-
-
-def _diff(before: str, after: str, shown: str) -> str:
-    return "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            fromfile=f"{shown} (original)",
-            tofile=f"{shown} (formatted)",
-        )
-    )
 
 
 def cmd_breaking(args: argparse.Namespace, output: _Output) -> int:
@@ -273,7 +248,7 @@ def cmd_breaking(args: argparse.Namespace, output: _Output) -> int:
         levels = sorted({change.level for change in report.changes})
         if report.changes:
             print(
-                f"{_counted(len(report.changes), 'breaking change')} against {args.against} "
+                f"{counted(len(report.changes), 'breaking change')} against {args.against} "
                 f"({', '.join(levels)})"
             )
         else:
