@@ -134,8 +134,8 @@ class _Variant:
     """How the package computes: `columnwise` rewrites narrow layers; `write_outputs` stores the
     results into the output blocks it is given."""
 
-    columnwise: bool = False
-    write_outputs: bool = False
+    columnwise: bool
+    write_outputs: bool
 
 
 def _build_package(
@@ -333,7 +333,7 @@ def _export(
     binding: type[ModelBinding],
     model: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
-    variable_outputs: Sequence[bool] = (),
+    variable_outputs: Sequence[bool],
 ) -> torch.export.ExportedProgram:
     """Export with the element axis dynamic in every input; `inputs` may end with output blocks
     (`_IntoOutputs`), whose element axis is dynamic where `variable_outputs` says so."""

@@ -500,3 +500,13 @@ def test_memory_without_torch_says_what_to_install() -> None:
     assert done.returncode == 1
     assert "ModuleNotFoundError: soagen's collections need torch" in done.stderr
     assert "pip install 'soagen[torch]'" in done.stderr
+
+
+def test_exact_wrapping_catches_a_wrong_element_count() -> None:
+    """Member offsets depend on n: 500 elements of a 1000-element buffer read other bytes."""
+    full = Nodes.allocate(1000, zero=True)
+    full.y.fill_(5.0)
+    assert Nodes.wrap(full.buffer, 500).y.max() == 0  # allowed: the first byte_size(500) bytes
+    with pytest.raises(ElementCountError, match=r"not the \d+ of Nodes with n=500 \(exact=True\)"):
+        Nodes.wrap(full.buffer, 500, exact=True)
+    assert Nodes.wrap(full.buffer, 1000, exact=True).y.min() == 5.0

@@ -39,6 +39,7 @@ from soagen.runtime.errors import (
     BufferTooSmallError,
     ColumnError,
     DeviceError,
+    ElementCountError,
     ReadOnlyCollectionError,
     SliceRangeError,
 )
@@ -261,13 +262,16 @@ class Collection:
         device: DeviceLike | None = None,
         read_only: bool = False,
         unsafe_torch_views: bool = False,
+        exact: bool = False,
     ) -> _C:
         """View existing memory as n elements, without copying it.
 
         `buffer` is a contiguous torch tensor of any dtype (seen as bytes), a NumPy array, an object
         with `__dlpack__` (CuPy, JAX, ...) or a buffer-protocol object (`bytearray`, `mmap`,
         `memoryview`). Its first `byte_size(n)` bytes are used; it must hold at least that many, start
-        on a multiple of ALIGNMENT and, if `device` is given, live there.
+        on a multiple of ALIGNMENT and, if `device` is given, live there. Every member's offset
+        depends on n, so a wrong n on a larger buffer reads other members' bytes: `exact=True`
+        requires exactly `byte_size(n)` bytes, as a CMSSW producer's buffer for n elements holds.
 
         Read-only memory is refused unless `read_only=True`; a read-only collection gives NumPy views
         only, or torch views too with `unsafe_torch_views=True` (see the module documentation).
@@ -291,6 +295,11 @@ class Collection:
             raise BufferTooSmallError(
                 f"buffer holds {tensor.numel()} bytes but {cls.NAME} with n={count} needs {needed} "
                 f"({cls.NAME}.byte_size({count}))"
+            )
+        if exact and tensor.numel() != needed:
+            raise ElementCountError(
+                f"buffer holds {tensor.numel()} bytes, not the {needed} of {cls.NAME} with n={count} "
+                f"(exact=True): is n the producer's element count?"
             )
         buffers.check_alignment(tensor, cls.ALIGNMENT, cls.NAME)
         memory = _Memory(

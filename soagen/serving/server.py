@@ -59,7 +59,7 @@ from pathlib import Path
 from types import ModuleType
 
 from soagen.runtime.collection import Collection
-from soagen.runtime.cpu import ensure_malloc_tuning
+from soagen.runtime.cpu import ensure_cpu_settings, ensure_malloc_tuning
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import ServeError
 from soagen.serving.events import EventError, EventInput, EventLoader
@@ -430,7 +430,6 @@ def serve(
         )
     elif not isinstance(binding, loaded.binding) and type(binding).NAME != model_name:
         raise ServeError(f"binding= is a {type(binding).NAME}, not a {model_name}", usage=True)
-    from soagen.runtime.cpu import ensure_cpu_settings
 
     if device == "cpu":
         ensure_cpu_settings()
