@@ -362,14 +362,20 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
     case.readers["naive np.stack"] = host_written
     case.written["naive np.stack"] = [host_scores.buffer]
-    for backend in tools.backends:
+    variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
+    # On a GPU the first GEMM over the column-major [n, 4] view (K = 4) cost the H100 run most of
+    # eager's 1.10-1.15x at n >= 1e6: one row-major copy per call is the trade to measure. (On
+    # CPU the view costs nothing: 0.98-1.07x.)
+    if device != "cpu" and "eager" in tools.backends:
+        variants.append(("eager", ("features",)))
+    for backend, contiguous in variants:
         package = tools.packages.get(package_key("mlp", device, backend))
-        model = soagen_model(module.HitMlp, net, backend, package)
+        model = soagen_model(module.HitMlp, net, backend, package, contiguous)
 
         def call(model: Any = model) -> None:
             model(hits, out=scores)
 
-        name = path_name(backend)
+        name = path_name(backend) + "".join(f" contiguous {c}" for c in contiguous)
         case.paths[name] = call
         case.soagen_calls[name] = call
         case.models[name] = model
