@@ -535,3 +535,22 @@ def test_out_of_a_model_with_several_output_layouts_is_checked(
     assert not a.a.any() and not b.b.any()
     model(points, out=[a, b])
     assert a.a.tolist() == [1.0, 2.0, 3.0, 4.0] and b.b.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_a_write_into_a_shared_collection_names_every_input_it_could_be() -> None:
+    """edge_index and edge_features are views of one Edges buffer, with one version counter: a
+    write into edge_features must not be blamed on edge_index alone."""
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    class WritesFeatures(nn.Module):
+        def forward(
+            self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+        ) -> torch.Tensor:
+            features.mul_(2)
+            return features[:, 0].clone()
+
+    nodes, edges = Nodes.allocate(4, zero=True), Edges.allocate(6, zero=True)
+    with pytest.raises(
+        InputModifiedError, match=r"one of its inputs 'edge_index' .*'edge_features'"
+    ):
+        EdgeClassifier(WritesFeatures())(nodes, edges, out=EdgeScores.allocate(6))

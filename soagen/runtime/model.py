@@ -413,16 +413,22 @@ class ModelBinding:
         """Refuse a model that wrote into an input view (its version counter moved)."""
         cls = type(self)
         if [view._version for view in views] != versions and not self.protect_inputs:
-            spec = next(
+            # Views of one buffer share its version counter: every input bound to the written
+            # collection moved, and which of them the model wrote cannot be told apart.
+            moved = [
                 spec
                 for spec, view, version in zip(cls.INPUTS, views, versions, strict=True)
                 if view._version != version
+            ]
+            blocks = ", ".join(
+                f"{spec.name!r} ({spec.block.layout}{{{', '.join(spec.block.members)}}})"
+                for spec in moved
             )
+            which = f"its input {blocks}" if len(moved) == 1 else f"one of its inputs {blocks}"
+            shared = "" if len(moved) == 1 else " (views of one buffer share a version counter)"
             raise InputModifiedError(
-                f"{cls.NAME} wrote into its input {spec.name!r} "
-                f"({spec.block.layout}{{{', '.join(spec.block.members)}}}); that "
-                f"collection now holds modified data. Fix the model, or create the "
-                f"binding with protect_inputs=True to run it on copies"
+                f"{cls.NAME} wrote into {which}{shared}; that collection now holds modified data. "
+                f"Fix the model, or create the binding with protect_inputs=True to run it on copies"
             )
 
 
