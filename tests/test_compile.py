@@ -655,17 +655,39 @@ def test_load_checks_the_cpu_the_package_was_built_for(
         gnn.EdgeClassifier.load(package)
 
 
-@pytest.mark.skipif(
-    torch.backends.cpu.get_cpu_capability() == "AVX512", reason="this CPU runs everything"
+@pytest.mark.parametrize(
+    ("built", "here", "missing"),
+    [
+        ("AVX512", {"avx2", "fma"}, "AVX512"),
+        ("AVX512 AVX512_VNNI", {"avx2", "avx512f"}, "AVX512_VNNI"),  # the level alone matches
+        ("AVX512 AVX512_VNNI AMX_TILE", {"avx512f", "avx512_vnni"}, "AMX_TILE"),
+        ("AVX2", {"avx2"}, None),
+    ],
 )
-def test_load_refuses_a_package_for_wider_vectors(
-    gnn: ModuleType, gnn_package: Path, tmp_path: Path
+def test_load_refuses_a_package_for_extensions_this_cpu_lacks(
+    gnn: ModuleType,
+    gnn_package: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    built: str,
+    here: set[str],
+    missing: str | None,
 ) -> None:
-    def change(entries: dict[str, str]) -> None:
-        entries["AOTI_CPU_ISA"] = "AVX512"
+    """The machine code would die on an illegal instruction. This CPU's flags are replaced, so the
+    refusal is checked on any machine."""
+    from soagen.runtime import aot
 
-    package = _rewrite_metadata(gnn_package, tmp_path / "avx512.pt2", change)
-    with pytest.raises(ModelLoadError, match="compiled for CPUs with AVX512"):
+    def change(entries: dict[str, str]) -> None:
+        entries["AOTI_CPU_ISA"] = built
+
+    package = _rewrite_metadata(gnn_package, tmp_path / "isa.pt2", change)
+    monkeypatch.setattr(aot, "cpu_flags", lambda: frozenset(here))
+    if missing is None:
+        gnn.EdgeClassifier.load(package)
+        return
+    with pytest.raises(
+        ModelLoadError, match=f"compiled for CPUs with {built}; this CPU lacks {missing}"
+    ):
         gnn.EdgeClassifier.load(package)
 
 

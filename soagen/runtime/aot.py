@@ -152,6 +152,18 @@ def check_machine(path: Path, entries: Mapping[str, str]) -> None:
     if entries.get("AOTI_DEVICE_KEY", "cpu") != "cpu":
         return
     built_isa = (entries.get("AOTI_CPU_ISA") or "").split()
+    flags = cpu_flags()
+    if flags is not None:
+        # Every extension the build used (`avx512 avx512_vnni`, `... amx_tile`), by Linux's name.
+        missing = [
+            isa for isa in built_isa if _LINUX_FLAGS.get(isa.lower(), isa.lower()) not in flags
+        ]
+        if missing:
+            raise ModelLoadError(
+                f"{path} was compiled for CPUs with {' '.join(built_isa)}; this CPU lacks "
+                f"{' '.join(missing)}. Build the package on the machine family that runs it"
+            )
+        return
     here = torch.backends.cpu.get_cpu_capability()
     if built_isa and built_isa[0] in _CPU_LEVELS and here in _CPU_LEVELS:
         if _CPU_LEVELS.index(built_isa[0]) > _CPU_LEVELS.index(here):
@@ -159,6 +171,22 @@ def check_machine(path: Path, entries: Mapping[str, str]) -> None:
                 f"{path} was compiled for CPUs with {' '.join(built_isa)}; this CPU offers {here}. "
                 f"Build the package on the machine family that runs it"
             )
+
+
+# torch's names of vector extensions (AOTI_CPU_ISA, lowercased) that Linux's cpuinfo spells apart.
+_LINUX_FLAGS = {"avx512": "avx512f"}
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags as Linux's /proc/cpuinfo lists them; None elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        return None
+    return None
 
 
 def check_versions(path: Path, metadata: Mapping[str, typing.Any]) -> None:
