@@ -511,11 +511,13 @@ def test_concurrent_clients_are_batched_by_the_server(
     barrier = threading.Barrier(len(events))
 
     def call(k: int) -> None:
+        # A client of its own, as each reconstruction job has (its own channel and region).
         try:
-            barrier.wait()
-            nodes, edges = events[k]
-            for _ in range(2):
-                remote(nodes, edges, out=outs[k])
+            with EdgeClassifier.remote(server.url, access_token=server.token) as own:
+                barrier.wait()
+                nodes, edges = events[k]
+                for _ in range(2):
+                    own(nodes, edges, out=outs[k])
         except BaseException as error:  # collected, re-raised below
             errors.append(error)
 
