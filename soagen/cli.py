@@ -768,3 +768,7 @@ def _silence_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, descriptor)
     os.close(devnull)
+
+
+if __name__ == "__main__":  # `python -m soagen.cli`, as well as `python -m soagen`
+    raise SystemExit(main())

@@ -358,13 +358,17 @@ def test_cpu_threads_are_set_at_the_first_cpu_call(
     assert expected in result.stdout + result.stderr
 
 
-def test_example_runs_every_jit_backend(capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_runs_every_backend(
+    capsys: pytest.CaptureFixture[str], gnn_build: tuple[Path, str, str]
+) -> None:
+    """The README's main command, at a small size: one row per backend, each checked."""
     from examples.run_gnn import main
 
     arguments = ["--nodes", "40", "--edges", "90", "--repeat", "1"]
-    assert main([*arguments, "--backend", "eager", "--backend", "torchscript"]) == 0
+    assert main([*arguments, "--package", str(gnn_build[0])]) == 0
     output = capsys.readouterr().out
-    assert "| soagen eager |" in output and "| soagen torchscript |" in output
+    for backend in ("eager", "torchscript", "compile", "aot"):
+        assert f"| soagen {backend} |" in output, output
     assert "every backend's scores match" in output
     with pytest.raises(SystemExit, match="needs --package"):
         main([*arguments, "--backend", "aot"])
