@@ -78,6 +78,7 @@ CODES: dict[str, str] = {
     "SOA308": "two models declare different blocks under one name on the same layout",
     "SOA309": "an output block holds scalars, which cannot take one value per element",
     "SOA310": "an `indexes` clause does not name another input, or is not on an integer input",
+    "SOA311": "a `contiguous` clause stands on an output",
     "SOA401": "an imported file does not exist",
     "SOA402": "imports form a cycle",
     "SOA403": "a name is declared in two files",
@@ -564,6 +565,31 @@ EXPLANATIONS: dict[str, str] = {
                 input nodes = Nodes{x, y}
                 input edges = Edges{src, dst} indexes nodes
                 output scores = Nodes{x}
+            }
+        """
+    ),
+    "SOA311": _text(
+        """
+        `contiguous` on an input hands the model one row-major (device-local) copy of the block
+        per call instead of the strided view of its columns: for models whose own operations on
+        the column-major `[n, c]` view (row gathers, a `torch.cat` with row-major tensors) cost
+        more than the copy. Outputs are always written into their columns, so the clause has no
+        meaning there.
+
+        Gives SOA311:
+
+            layout Hits { column float32 x, y }
+            model M {
+                input points = Hits{x, y} as [n, c]
+                output scores = Hits{x} contiguous
+            }
+
+        Fixed:
+
+            layout Hits { column float32 x, y }
+            model M {
+                input points = Hits{x, y} as [n, c] contiguous
+                output scores = Hits{x}
             }
         """
     ),

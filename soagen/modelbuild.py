@@ -33,6 +33,7 @@ from soagen.dsl.loader import load
 from soagen.dtypes import INTEGER_DTYPES
 from soagen.errors import CommandError
 from soagen.generator.python import generate
+from soagen.runtime.buffers import contiguous_copy
 from soagen.runtime.collection import Collection
 from soagen.runtime.errors import OutputError
 from soagen.runtime.model import ModelBinding, outputs_in_schema_order
@@ -267,7 +268,11 @@ def example_inputs(
         else:
             continue
         target.copy_(values)
-    return views
+    # The schema's `contiguous` inputs reach the model as the copies a binding makes of them.
+    return [
+        contiguous_copy(view) if spec.contiguous else view
+        for spec, view in zip(binding.INPUTS, views, strict=True)
+    ]
 
 
 class SchemaOrder(torch.nn.Module):

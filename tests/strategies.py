@@ -170,6 +170,7 @@ class BindingCase:
     axes: tuple[str, ...] | None
     doc_lines: tuple[str, ...]
     indexes: str | None = None  # `indexes NAME`: on integer inputs, another input of the model
+    contiguous: bool = False  # `contiguous`: on inputs
 
     @property
     def doc(self) -> str | None:
@@ -330,6 +331,8 @@ def _model_text(model: ModelCase, style: _Style) -> list[str]:
             text += f"{sp}as{sp}[" + f",{sp}".join(axes) + "]"
         if binding.indexes is not None:
             text += f"{sp}indexes{sp}{binding.indexes}"
+        if binding.contiguous:
+            text += f"{sp}contiguous"
         lines.append(text + style.comment())
     lines.append("}")
     return [line + nl for line in lines] + [nl]
@@ -395,6 +398,8 @@ def valid_schemas(
                 and draw(st.booleans())
             ):
                 bindings[position] = replace(binding, indexes=draw(st.sampled_from(others)))
+            if binding.direction == "input" and draw(st.integers(0, 5)) == 0:
+                bindings[position] = replace(bindings[position], contiguous=True)
         models.append(ModelCase(name, tuple(bindings), _docs(draw, sentinel)))
     files: dict[str, str] = {}
     module_docs: dict[str, str | None] = {}
@@ -427,6 +432,7 @@ ODD_TOKENS = [
     "\ufeff", "\u200b", "\t", "\r", "\r\n", '"', '"dep.soa"', '"missing.soa"', '"schema.soa"',
     '"/dev/zero"', '"."', '""', "///", "/// doc", "//!", "//", "#", "/*",
     "import", "layout", "model", "align", "column", "scalar", "input", "output", "indexes",
+    "contiguous",
     "class", "None", "_private", "size", "buffer", "property", "int", "run",
     "{" * 500, "[" * 500, "}" * 50, "layout A {" * 200,
 ]  # fmt: skip

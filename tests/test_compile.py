@@ -921,3 +921,49 @@ def test_an_output_that_cannot_be_written_is_refused_before_compiling(tmp_path: 
                 REPO / "schemas" / "gnn.soa", "EdgeClassifier", GNN_FACTORY, output=output
             )
         assert caught.value.usage
+
+
+def test_inputs_declared_contiguous_reach_every_backend_as_row_major_copies(
+    tmp_path: Path, gnn_package: Path
+) -> None:
+    """`contiguous` in the schema: eager and TorchScript get a copy, and `soagen compile` exports
+    that input as one, so the package runs on the copies a binding makes (a package compiled
+    for the views refuses them, see test_model)."""
+    schema = (
+        (REPO / "schemas" / "gnn.soa")
+        .read_text()
+        .replace("as [n, c]\n    output", "as [n, c] contiguous\n    output")
+    )
+    assert schema.count(" contiguous\n") == 1
+    (tmp_path / "gnn_rows.soa").write_text(schema)
+    package = compile_model(
+        tmp_path / "gnn_rows.soa", "EdgeClassifier", GNN_FACTORY, output=tmp_path / "rows.pt2"
+    )
+    generate_package(tmp_path / "gnn_rows.soa", tmp_path, "pkg_compile_rows")
+    module = import_generated(tmp_path, "pkg_compile_rows", "gnn_rows")
+    assert [spec.contiguous for spec in module.EdgeClassifier.INPUTS] == [False, False, True]
+    from examples.gnn_model import build_model
+
+    net = build_model()
+    seen: list[tuple[bool, bool]] = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor):  # type: ignore[no-untyped-def]
+            seen.append((nodes.is_contiguous(), edges.is_contiguous()))
+            return net(nodes, index, edges)
+
+    eager = module.EdgeClassifier(Probe())
+    compiled = module.EdgeClassifier.load(package)
+    assert compiled.contiguous == {"edge_features"}
+    for n_nodes, n_edges in ((7, 1), (40, 90), (301, 1000)):
+        nodes, edges = _gnn_inputs(module, n_nodes, n_edges)
+        want, got = module.EdgeScores.allocate(n_edges), module.EdgeScores.allocate(n_edges)
+        eager(nodes, edges, out=want)
+        compiled(nodes, edges, out=got)
+        torch.testing.assert_close(got.score, want.score, rtol=1e-4, atol=1e-5)
+    assert seen[-1] == (False, True)  # node features stay the column-major view
+    with pytest.raises(BindingError, match=r"strided views of 'node_features'"):
+        module.EdgeClassifier.load(package, contiguous=["node_features"])
+    # A package exported for the views of edge_features does not take the copies.
+    with pytest.raises(ModelLoadError, match="edge_features"):
+        module.EdgeClassifier.load(gnn_package)

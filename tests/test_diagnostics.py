@@ -443,7 +443,7 @@ CASES = [
         "layout N {\n    column int32 x, y\n}\nmodel M {\n    input nodes = N{x}\n"
         "    input edges = N{y} indexes nodes \u2038as [n]\n    output z = N{x}\n}\n",
         ["unexpected `as`"],
-        ["as [...] indexes NAME`, in that order"],
+        ["as [...] indexes NAME contiguous`, in that order"],
     ),
     # `indexes` names another input of the model, on an integer input.
     (
@@ -475,6 +475,21 @@ CASES = [
         "model M {\n    input nodes = N{x} indexes \u2038nodes\n    output y = N{y}\n}\n",
         ["cannot index itself"],
         ["name the input"],
+    ),
+    # `contiguous` hands an input over as a row-major copy: outputs are written in place.
+    (
+        "SOA311",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x, y} contiguous\n    output y = N{y} \u2038contiguous\n}\n",
+        ["output `y` declares `contiguous`", "written into their columns"],
+        ["remove the clause"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x, y} contiguous \u2038as [n, c]\n    output y = N{y}\n}\n",
+        ["unexpected `as`"],
+        ["contiguous`, in that order"],
     ),
 ]
 

@@ -353,6 +353,7 @@ def test_valid_schemas_generate_importable_code_matching_the_reference(
             )
             assert block.axes == axes
             assert spec.indexes == binding.indexes
+            assert spec.contiguous == binding.contiguous
             if layout.file == "schema.soa":
                 owner = getattr(schema_module, layout.name)
                 assert owner.BLOCKS[binding.name] is block

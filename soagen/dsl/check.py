@@ -414,6 +414,17 @@ def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
             continue
         problems += _check_block(binding, layout)
     problems += _check_indexes(model, layouts)
+    problems += [
+        Diagnostic(
+            "SOA311",
+            f"output `{binding.name}` declares `contiguous`: outputs are written into their "
+            "columns, never copied in",
+            binding.contiguous_span,
+            "remove the clause",
+        )
+        for binding in model.outputs
+        if binding.contiguous_span is not None
+    ]
     return problems
 
 

@@ -117,6 +117,18 @@ class Binding:
     # `indexes NAME`: the input whose element numbers this integer input holds, and where it is named.
     indexes: str | None = None
     indexes_span: Span | None = None
+    # `contiguous`: where the clause stands; None without it.
+    contiguous_span: Span | None = None
+
+    @property
+    def contiguous(self) -> bool:
+        return self.contiguous_span is not None
+
+    @property
+    def trailing_clauses(self) -> str:
+        """` indexes NAME` and ` contiguous`, as canonical text writes them after the axes."""
+        indexes = "" if self.indexes is None else f" indexes {self.indexes}"
+        return indexes + (" contiguous" if self.contiguous else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ TERMINAL_WORDS: dict[str, str] = {
     "AS": "`as`",
     "INDEXES": "`indexes`",
     "INDEXED_NAME": "the name of the input it indexes",
+    "CONTIGUOUS": "`contiguous`",
     "$END": "the end of the file",
 }
 
@@ -187,7 +188,10 @@ def _syntax_hint(token: Token, expected: set[str]) -> str | None:
     if token.type == "$END" and "RBRACE" in expected:
         return "a `{` is not closed"
     if token.type == "AS" and "DIRECTION" in expected:
-        return "a binding reads `input NAME = Layout{...} as [...] indexes NAME`, in that order"
+        return (
+            "a binding reads `input NAME = Layout{...} as [...] indexes NAME contiguous`, in that "
+            "order"
+        )
     return None
 
 
@@ -355,6 +359,8 @@ class _Builder:
         clauses = {part.data: part for part in parts[4:] if isinstance(part, Tree)}
         indexes = clauses["indexes"].children[0] if "indexes" in clauses else None
         assert indexes is None or isinstance(indexes, Token)
+        contiguous = clauses["contiguous"].children[0] if "contiguous" in clauses else None
+        assert contiguous is None or isinstance(contiguous, Token)
         if "axes" in clauses:
             axes_tree = clauses["axes"].children[0]
             assert isinstance(axes_tree, Tree)
@@ -376,6 +382,7 @@ class _Builder:
             axes_span,
             None if indexes is None else str(indexes),
             None if indexes is None else self.span(indexes),
+            None if contiguous is None else self.span(contiguous),
         )
 
     def axis(self, tree: Tree[Token]) -> Axis | None:

@@ -73,11 +73,10 @@ def _binding(binding: Binding, layouts: dict[str, Layout]) -> list[str]:
     assert first is not None
     axes = ", ".join(block_axes(binding, first))
     members = ", ".join(binding.member_names)
-    indexes = "" if binding.indexes is None else f" indexes {binding.indexes}"
     lines = _doc(binding.doc, INDENT)
     lines.append(
         f"{INDENT}{binding.direction.value} {binding.name} = {layout.name}{{{members}}} as [{axes}]"
-        f"{indexes}  // {view_text(block_view(layout, binding))}"
+        f"{binding.trailing_clauses}  // {view_text(block_view(layout, binding))}"
     )
     return lines
 

@@ -355,6 +355,7 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
             )
             block = _block_spec(binding, layout, function_name)
         indexes = () if binding.indexes is None else (f"indexes={string_literal(binding.indexes)}",)
+        contiguous = ("contiguous=True",) if binding.contiguous else ()
         spec = Call(
             f"{RUNTIME}.BindingSpec",
             (
@@ -362,6 +363,7 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
                 string_literal(binding.direction.value),
                 block,
                 *indexes,
+                *contiguous,
             ),
         )
         specs[binding.direction.value].append(render(spec, INDENT * 2, suffix=","))
@@ -444,9 +446,9 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         assert first is not None  # the checker guarantees every member exists
         axes = ", ".join(block_axes(b, first))
         members = ", ".join(b.member_names)
-        indexes = "" if b.indexes is None else f" indexes {b.indexes}"
         bound.append(
-            f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]{indexes}"
+            f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]"
+            + b.trailing_clauses
         )
         # The binding's `///` doc, indented under its line as a member's doc follows its summary.
         bound += [f"{INDENT}{line}" for line in (b.doc.split("\n") if b.doc else [])]

@@ -71,7 +71,7 @@ def describe_spec(spec: BindingSpec) -> dict[str, object]:
             "strides": list(view.strides),
             "offset": view.offset,
         }
-    return {
+    described: dict[str, object] = {
         "name": spec.name,
         "direction": spec.direction,
         "layout": block.layout,
@@ -81,6 +81,9 @@ def describe_spec(spec: BindingSpec) -> dict[str, object]:
         "axes": list(block.axes),
         "geometry": geometry,
     }
+    if spec.contiguous:  # exported as a row-major copy; absent otherwise, as older packages have it
+        described["contiguous"] = True
+    return described
 
 
 def read_metadata(path: Path) -> dict[str, typing.Any]:
@@ -156,7 +159,9 @@ def check_machine(path: Path, entries: Mapping[str, str]) -> None:
     if flags is not None:
         # Every extension the build used (`avx512 avx512_vnni`, `... amx_tile`), by Linux's name.
         missing = [
-            isa for isa in built_isa if _LINUX_FLAGS.get(isa.lower(), isa.lower()) not in flags
+            isa
+            for isa in built_isa
+            if isa.lower() in _LINUX_FLAGS and _LINUX_FLAGS[isa.lower()] not in flags
         ]
         if missing:
             raise ModelLoadError(
@@ -173,8 +178,14 @@ def check_machine(path: Path, entries: Mapping[str, str]) -> None:
             )
 
 
-# torch's names of vector extensions (AOTI_CPU_ISA, lowercased) that Linux's cpuinfo spells apart.
-_LINUX_FLAGS = {"avx512": "avx512f"}
+# torch's names of x86 vector extensions (AOTI_CPU_ISA, lowercased) and the cpuinfo flag of each;
+# names not listed (another architecture's, a later torch's) are not compared.
+_LINUX_FLAGS = {
+    "avx2": "avx2",
+    "avx512": "avx512f",
+    "avx512_vnni": "avx512_vnni",
+    "amx_tile": "amx_tile",
+}
 
 
 def cpu_flags() -> frozenset[str] | None:
@@ -241,6 +252,13 @@ def _spec_differences(
         for field in ("direction", "layout", "members", "dtype", "axes")
         if old.get(field) != new[field]
     ]
+    if old.get("contiguous", False) != new.get("contiguous", False):
+        exported = "row-major copies" if old.get("contiguous") else "the strided views"
+        problems.append(
+            f"{where}: exported for {exported}, but the schema "
+            + ("declares" if new.get("contiguous") else "does not declare")
+            + " `contiguous`"
+        )
     if problems:
         return problems
     for n, view in new["geometry"].items():

@@ -72,8 +72,9 @@ class ModelBinding:
         GPU's CUDA context is unusable afterwards; `Model.remote` and `soagen serve` check on the
         host instead. `index_bounds` adds bounds or replaces
         them (`{"edge_index": "node_features"}`), or turns one off (`{"edge_index": None}`); `.pt2`
-        packages bring the bounds they were compiled with. `contiguous` names inputs to hand over
-        as one device-local contiguous copy per call instead of the strided view: for models whose
+        packages bring the bounds they were compiled with. `contiguous` names inputs to hand over,
+        besides those the schema declares `contiguous`, as one device-local contiguous copy per
+        call instead of the strided view: for models whose
         own operations on the column-major `[n, c]` view (a `torch.cat` with row-major tensors, row
         gathers) cost more than the copy.
         """
@@ -110,17 +111,21 @@ class ModelBinding:
         self._checked_classes: set[tuple[type, ...]] = set()
         # A package that writes its outputs must not be handed an output over memory it reads.
         self._shared_members = shared_members(type(self))
-        self.contiguous = frozenset(contiguous)
+        declared = frozenset(spec.name for spec in type(self).INPUTS if spec.contiguous)
+        self.contiguous = declared | frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
             raise BindingError(
                 f"contiguous: {type(self).NAME} has no input {name!r}; its inputs are "
                 f"{', '.join(inputs)}"
             )
-        if self.contiguous and self._backend.kind == "aot":
+        added = sorted(self.contiguous - declared)
+        if added and self._backend.kind == "aot":
+            # `soagen compile` exports the schema's `contiguous` inputs as copies, the rest as views.
             raise BindingError(
                 f"contiguous: {self._backend.description} was compiled for the collections' "
-                f"strided views and reads them in place; a contiguous copy has other strides, "
-                f"which it does not take. Leave contiguous= out"
+                f"strided views of {', '.join(repr(name) for name in added)} and reads them in "
+                f"place; a contiguous copy has other strides, which it does not take. Leave "
+                f"contiguous= out, or declare `contiguous` in the schema and compile again"
             )
 
     @classmethod

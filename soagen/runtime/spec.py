@@ -78,6 +78,8 @@ class BindingSpec:
     # The input whose element numbers this integer input holds (`indexes` in the schema): each
     # value is checked to lie in [0, its element count) before every call.
     indexes: str | None = None
+    # `contiguous` in the schema: the model gets one row-major copy of this input per call.
+    contiguous: bool = False
 
 
 def declared_index_bounds(inputs: Iterable[BindingSpec]) -> dict[str, str]:

@@ -134,6 +134,7 @@ class VertexFinder(_soagen.ModelBinding):
                 _view_momenta,
                 "c6fcd589154aad13",
             ),
+            contiguous=True,
         ),
         _soagen.BindingSpec(
             "track_of",
@@ -164,7 +165,7 @@ class VertexFinder(_soagen.ModelBinding):
     ) -> None:
         """Run VertexFinder on zero-copy views of the inputs; write its outputs into `out`.
 
-        input momenta: Tracks{px, py, pz} as [n, c]
+        input momenta: Tracks{px, py, pz} as [n, c] contiguous
         input track_of: Tracks{charge} as [n] indexes momenta
             Which track each entry is: an element number of `momenta`.
         output positions: Vertices{x, y, z} as [c, n]
