@@ -50,6 +50,10 @@ BREAKING_RULES: dict[str, tuple[str, str]] = {
     "BINDING_DIRECTION_CHANGED": (SOURCE, "an input became an output or the other way round"),
     "BINDING_BLOCK_CHANGED": (SOURCE, "a binding names another layout or other members"),
     "BINDING_AXES_CHANGED": (SOURCE, "a binding's tensor has another axis order"),
+    "BINDING_CONTIGUOUS_CHANGED": (
+        SOURCE,
+        "an input gained or lost `contiguous`: its tensor has other strides, which packages refuse",
+    ),
 }
 
 
@@ -359,6 +363,15 @@ class _Comparer:
                 f"{where} has axes [{', '.join(new_axes)}], was [{', '.join(old_axes)}]",
                 new.axes_span or new.span,
                 "the model receives a tensor of another shape",
+            )
+        if old.contiguous != new.contiguous:
+            now = "a row-major copy" if new.contiguous else "the strided view"
+            self.report(
+                "BINDING_CONTIGUOUS_CHANGED",
+                f"{where} is handed over as {now}, was "
+                + ("the strided view" if new.contiguous else "a row-major copy"),
+                new.contiguous_span or new.span,
+                "packages from `soagen compile` must be compiled again",
             )
 
 

@@ -171,13 +171,14 @@ def test_model_signature_changes(repo: Path) -> None:
         "    input  positions = Hits{x, y, z}      as [n, c]\n"
         "    output ids       = Hits{detector_id}\n",
         "    input  positions = Hits{x, y, z}      as [c, n]\n"
-        "    input  momenta   = Tracks{px, py, pz} as [n, c]\n"
+        "    input  momenta   = Tracks{px, py, pz} as [n, c] contiguous\n"
         "    input  ids       = Hits{detector_id}\n"
         "    output charges   = Tracks{charge}\n",
     )
     assert _changes()[1] == [
         ("source", "BINDING_ORDER_CHANGED", "schemas/main.soa", 13, 12),
         ("source", "BINDING_AXES_CHANGED", "schemas/main.soa", 13, 46),
+        ("source", "BINDING_CONTIGUOUS_CHANGED", "schemas/main.soa", 14, 53),
         ("source", "BINDING_DIRECTION_CHANGED", "schemas/main.soa", 15, 12),
         ("source", "BINDING_ADDED", "schemas/main.soa", 16, 12),
     ]

@@ -898,15 +898,16 @@ def test_a_cuda_package_for_another_gpu_generation_is_refused(
     from soagen.runtime.aot import COMPUTE_CAPABILITY_KEY, check_compute_capability
     from soagen.runtime.errors import ModelLoadError
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
-    check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "80"}, 0)
-    check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "None"}, 0)  # a CPU build
-    with pytest.raises(
-        ModelLoadError,
-        match=r"a.pt2 was compiled for GPUs of compute capability "
-        r"9.0; cuda:1 has 8.0",
-    ):
-        check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: "90"}, 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 6))
+    for runs in ("80", "86", "None"):  # 8.x code on a later 8.x; "None": a CPU build
+        check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: runs}, 0)
+    for refused in ("90", "89", "75"):
+        with pytest.raises(
+            ModelLoadError,
+            match=rf"a.pt2 was compiled for GPUs of compute capability {refused[0]}.{refused[1]}; "
+            r"cuda:1 has 8.6",
+        ):
+            check_compute_capability(Path("a.pt2"), {COMPUTE_CAPABILITY_KEY: refused}, 1)
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_compiling(tmp_path: Path) -> None:

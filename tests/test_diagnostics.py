@@ -974,6 +974,12 @@ def test_a_file_that_is_not_utf8_is_refused_where_its_bad_byte_is(tmp_path: Path
     (problem,) = load(schema).diagnostics
     assert (problem.code, problem.span.line, problem.span.column) == ("SOA002", 2, 20)
     assert "byte 0xe9 at line 2, column 20 (save it as UTF-8)" in problem.message
+    # After a byte order mark, which the parser never sees, on the first line as well.
+    marked = tmp_path / "marked.soa"
+    marked.write_bytes(b"\xef\xbb\xbflayout \xe9 {}\n")
+    (problem,) = load(marked).diagnostics
+    assert (problem.span.line, problem.span.column) == (1, 8)
+    assert "byte 0xe9 at line 1, column 8" in problem.message
     # fmt says the same, as a schema error (exit 1), not a usage error.
     from .helpers import run_cli
 

@@ -511,11 +511,12 @@ def test_a_collection_of_another_layout_with_the_same_name_is_refused(
 def test_out_of_a_model_with_several_output_layouts_is_checked(
     generated_from_text: typing.Callable[[str], typing.Any],
 ) -> None:
+    # The input layout is named so that its parameter is `outputs`: no clash with the call's own.
     module = generated_from_text(
-        "layout In {\n    column float32 x\n}\n"
+        "layout Outputs {\n    column float32 x\n}\n"
         "layout OutA {\n    column float32 a\n}\n"
         "layout OutB {\n    column float32 b\n}\n"
-        "model M {\n    input x = In{x}\n    output a = OutA{a}\n    output b = OutB{b}\n}\n"
+        "model M {\n    input x = Outputs{x}\n    output a = OutA{a}\n    output b = OutB{b}\n}\n"
     )
 
     class Model(nn.Module):
@@ -523,11 +524,15 @@ def test_out_of_a_model_with_several_output_layouts_is_checked(
             return x + 1, x * 2
 
     model = module.M(Model())
-    points = module.In.allocate(4)
+    points = module.Outputs.allocate(4)
     points.x.copy_(torch.arange(4.0))
     a, b = module.OutA.allocate(4, zero=True), module.OutB.allocate(4, zero=True)
     expected = r"M takes out=\(OutA, OutB\): one collection per output layout, in that order; got "
-    for out, got in ((a, "OutA"), ((a,), r"\(OutA\)"), ((a, b, points), r"\(OutA, OutB, In\)")):
+    for out, got in (
+        (a, "OutA"),
+        ((a,), r"\(OutA\)"),
+        ((a, b, points), r"\(OutA, OutB, Outputs\)"),
+    ):
         with pytest.raises(BindingError, match=expected + got):
             model(points, out=out)
     with pytest.raises(BindingError, match="M.a binds OutA, got OutB"):

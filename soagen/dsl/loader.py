@@ -125,9 +125,11 @@ def read_schema(path: Path, shown: str) -> str | tuple[str, Span]:
     except (OSError, ValueError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         return reason, Span(shown, 1, 1, 1, 1)
+    # Editors on Windows begin files with a byte order mark; the parser never sees it, so places
+    # (a bad byte's too) are counted after it.
+    data = data.removeprefix(b"\xef\xbb\xbf")
     try:
-        # utf-8-sig: editors on Windows open files with a byte order mark.
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         where = _byte_span(shown, data, error.start)
         return (

@@ -423,11 +423,11 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
                     ("out", tuple_literal([string_literal(layout) for layout in outputs])),
                 ),
                 body,
-                "outputs = ",
+                "_outputs = ",  # `_`: no parameter (a layout's name in snake case) can clash
             )
         ]
         out_of = {
-            layout: Subscript("outputs", (str(position),))
+            layout: Subscript("_outputs", (str(position),))
             for position, layout in enumerate(outputs)
         }
     lines = [

@@ -388,9 +388,13 @@ def check_compute_capability(path: Path, metadata: Mapping[str, typing.Any], ind
 
     built = str(metadata.get(COMPUTE_CAPABILITY_KEY) or "")
     major, minor = torch.cuda.get_device_capability(index)
-    if built.isdigit() and int(built) != major * 10 + minor:
+    if not built.isdigit():
+        return
+    built_major, built_minor = int(built) // 10, int(built) % 10
+    # Machine code for one major generation runs on its later minors (8.0 on 8.6), no further.
+    if built_major != major or built_minor > minor:
         raise ModelLoadError(
-            f"{path} was compiled for GPUs of compute capability {built[:-1]}.{built[-1]}; "
+            f"{path} was compiled for GPUs of compute capability {built_major}.{built_minor}; "
             f"cuda:{index} has {major}.{minor}. Build the package on the GPU family that runs it"
         )
 

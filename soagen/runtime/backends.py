@@ -81,7 +81,8 @@ class Backend(abc.ABC):
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """The devices this backend is placed on (built at a call there, not released since)."""
-        return tuple(self._runners)
+        with self._lock:  # a first call on another device may be adding one
+            return tuple(self._runners)
 
     def release(self) -> None:
         """Drop every device's runner; a call in flight keeps its own until it returns, and the

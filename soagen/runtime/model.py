@@ -458,14 +458,16 @@ def _check_names(
             raise BindingError(
                 f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got {_described(collection)}"
             )
-        key = spec.block.layout_key
-        if key and getattr(collection, "LAYOUT_KEY", "") != key:
+        key, found = spec.block.layout_key, getattr(collection, "LAYOUT_KEY", "")
+        # An empty key on either side (hand-made specs or classes) checks nothing.
+        if key and found and found != key:
             members = ", ".join(
                 f"{member.name}: {member.dtype}" for member in getattr(collection, "MEMBERS", ())
             )
             raise BindingError(
-                f"{cls.NAME}.{spec.name} binds {spec.block.layout} of {cls.SCHEMA}, got a "
-                f"different layout of that name from {getattr(collection, 'SCHEMA', '?')} "
+                f"{cls.NAME}.{spec.name} binds {spec.block.layout} as {cls.SCHEMA} declares or "
+                f"imports it, got a different layout of that name from "
+                f"{getattr(collection, 'SCHEMA', '?')} "
                 f"(align {getattr(collection, 'ALIGNMENT', '?')}: {members}); its bytes would be "
                 f"misread. Generate both from one schema"
             )
