@@ -500,7 +500,7 @@ def test_a_collection_of_another_layout_with_the_same_name_is_refused(
     model = ours.M(Model())
     hits = ours.Hits.allocate(8, zero=True)
     other = theirs.Scores.allocate(8, zero=True)
-    with pytest.raises(BindingError, match=r"M.score binds Scores of .*, got a different layout"):
+    with pytest.raises(BindingError, match=r"M.score binds Scores as .*, got a different layout"):
         model(hits, out=other)
     assert not other.buffer.any()  # nothing written
     out = same.Scores.allocate(8)
