@@ -396,6 +396,11 @@ def _module_text(path: Path) -> str | None:
         return ""
 
 
+def _foreign(current: str | None) -> bool:
+    """A file stands where a module goes, and soagen did not write it."""
+    return current is not None and not current.startswith(GENERATED_MARK)
+
+
 def _not_ours(path: Path) -> str:
     """Why a file in the way of a generated module stays: a hand-written module is never replaced."""
     return (
@@ -429,8 +434,7 @@ def cmd_generate(args: argparse.Namespace, output: _Output) -> int:
     targets = {out / f"{name}.py": text for name, (text, _) in sorted(modules.items())}
     # Every target checked before any is written: a refusal leaves the folder as it was.
     for target in targets:
-        current = _module_text(target)
-        if current is not None and not current.startswith(GENERATED_MARK):
+        if _foreign(_module_text(target)):
             raise UsageError(_not_ours(target))
     written = [target for target, text in targets.items() if _write_if_changed(target, text)]
     if output.format == "json":
@@ -456,7 +460,7 @@ def cmd_check(args: argparse.Namespace, output: _Output) -> int:
         if current == text:
             continue
         reason = "missing" if current is None else "stale"
-        if current is not None and not current.startswith(GENERATED_MARK):
+        if _foreign(current):
             reason = "not generated"  # regenerating would be refused: the file must go first
         stale.append({"module": target.as_posix(), "schema": origin, "reason": reason})
         if current is None:

@@ -212,7 +212,7 @@ def cmd_fmt(args: argparse.Namespace, output: _Output) -> int:
     elif args.check or args.diff:
         for shown in changed:
             print(f"would reformat {shown}", file=sys.stderr)
-        if not changed and not output.diagnostics and sources[0][2] is not None:
+        if not changed and not output.diagnostics and args.schemas != ["-"]:
             print(f"{counted(len(results), 'file')} already formatted", file=sys.stderr)
     return status
 

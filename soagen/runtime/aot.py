@@ -347,18 +347,25 @@ class AotBackend(Backend):
         check = self._check
         first_output = len(self.binding.INPUTS)
         alignment = self.output_alignment
+        if device.type != "cuda" and alignment is None:  # CPU: the check and the call, no more
+
+            def run(inputs: Sequence[torch.Tensor]) -> object:
+                check(inputs)
+                return run_compiled(list(inputs))
+
+            return run
         on_device: Callable[[], typing.ContextManager[object]] = (
             (lambda: torch.cuda.device(index)) if device.type == "cuda" else contextlib.nullcontext
         )
 
-        def run(inputs: Sequence[torch.Tensor]) -> object:
+        def run_guarded(inputs: Sequence[torch.Tensor]) -> object:
             check(inputs)
             with on_device():
                 if alignment is None:
                     return run_compiled(list(inputs))
                 return _run_staged(run_compiled, inputs, first_output, alignment)
 
-        return run
+        return run_guarded
 
 
 def _run_staged(
@@ -390,9 +397,9 @@ def check_compute_capability(path: Path, metadata: Mapping[str, typing.Any], ind
     import torch
 
     built = str(metadata.get(COMPUTE_CAPABILITY_KEY) or "")
-    major, minor = torch.cuda.get_device_capability(index)
     if not built.isdigit():
         return
+    major, minor = torch.cuda.get_device_capability(index)
     built_major, built_minor = int(built) // 10, int(built) % 10
     # Machine code for one major generation runs on its later minors (8.0 on 8.6), no further.
     if built_major != major or built_minor > minor:

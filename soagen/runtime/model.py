@@ -70,13 +70,12 @@ class ModelBinding:
         `IndexRangeError`. On a GPU the check is queued on the stream, with no host wait: a bad
         index is a device-side assert (torch's CUDA assert does not print the message), and that
         GPU's CUDA context is unusable afterwards; `Model.remote` and `soagen serve` check on the
-        host instead. `index_bounds` adds bounds or replaces
-        them (`{"edge_index": "node_features"}`), or turns one off (`{"edge_index": None}`); `.pt2`
+        host instead. `index_bounds` adds bounds or replaces them
+        (`{"edge_index": "node_features"}`), or turns one off (`{"edge_index": None}`); `.pt2`
         packages bring the bounds they were compiled with. `contiguous` names inputs to hand over,
         besides those the schema declares `contiguous`, as one device-local contiguous copy per
-        call instead of the strided view: for models whose
-        own operations on the column-major `[n, c]` view (a `torch.cat` with row-major tensors, row
-        gathers) cost more than the copy.
+        call instead of the strided view: for models whose own operations on the column-major
+        `[n, c]` view (a `torch.cat` with row-major tensors, row gathers) cost more than the copy.
         """
         from soagen.runtime.backends import load_backend
 
@@ -505,8 +504,6 @@ def _check_index_range(
     `on_host` the two extremes are read back instead (a host sync) and a failure raises
     `IndexRangeError`: for callers that wait for the device anyway (a remote call), and must not
     end the process's CUDA context with a device-side assert."""
-    if not indices.numel():
-        return
     if not indices.is_cpu and not on_host:
         _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
         return
