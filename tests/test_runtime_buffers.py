@@ -487,6 +487,50 @@ def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
         assert contiguous_copy(other).is_contiguous()
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.int8, torch.bool, torch.bfloat16, torch.complex64],
+)
+@pytest.mark.parametrize("columns", [1, 2, 9])
+@pytest.mark.parametrize("n", [3, 10_000])
+def test_copy_values_writes_every_bit_into_column_views(
+    dtype: torch.dtype, columns: int, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soagen.runtime import buffers
+
+    # Small chunks, so that the chunked path runs at test sizes (rows 0..k, k.., a short tail).
+    monkeypatch.setattr(buffers, "_COPY_CHUNK_BYTES", 4096)
+    pitch = n + 29
+    source_bytes = torch.randint(0, 256, (n * columns * dtype.itemsize,), dtype=torch.uint8)
+    if dtype == torch.bool:
+        source_bytes %= 2
+    # Arbitrary bit patterns: NaN payloads, negative zeros and denormals must come through as is.
+    source = source_bytes.view(dtype).reshape(n, columns)
+    storage = torch.zeros(columns * pitch + 7, dtype=dtype)
+    target = storage[7:].as_strided((n, columns), (1, pitch))
+    version = storage._version
+    buffers.copy_values(target, source)
+    written = torch.empty(n, columns, dtype=dtype).copy_(target)  # same dtype: bits as they are
+    assert torch.equal(written.view(torch.uint8), source.view(torch.uint8))
+    assert storage._version > version  # the write is seen by autograd's counter
+    # The padding between columns and the bytes before the view are untouched.
+    untouched = torch.ones(storage.shape, dtype=torch.bool)
+    untouched[7:].as_strided((n, columns), (1, pitch)).fill_(False)
+    assert not storage[untouched].any()
+
+
+def test_copy_values_keeps_copy_semantics_for_other_pairs() -> None:
+    from soagen.runtime.buffers import copy_values
+
+    target = torch.zeros(10_000, 2)
+    copy_values(target, torch.tensor([1.5, 2.5]))  # a broadcast source
+    assert torch.equal(target, torch.tensor([1.5, 2.5]).expand(10_000, 2))
+    copy_values(target, torch.ones(10_000, 2, dtype=torch.float64).t().contiguous().t())
+    assert torch.equal(target, torch.ones(10_000, 2))  # another dtype: converted
+    with pytest.raises(RuntimeError):
+        copy_values(target, torch.ones(9_999, 2).t().contiguous().t())
+
+
 def test_memory_without_torch_says_what_to_install() -> None:
     # Generated modules import without torch (generation and linting need none); memory needs it.
     code = (

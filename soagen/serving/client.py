@@ -485,10 +485,12 @@ class RemoteBinding(ModelBinding):
                     [inputs[spec.name].block(spec.block) for spec in cls.INPUTS],
                     on_host=True,
                 )
+            from soagen.runtime.buffers import copy_values
+
             try:
                 with self._remote_results(inputs, targets, device) as results:
                     for target, result in zip(targets, results, strict=True):
-                        target.copy_(result)
+                        copy_values(target, result)
                 self.stats.add(writes=1)
             except RemoteUnavailableError:
                 if self.fallback is None:

@@ -139,6 +139,8 @@ class EventLoader:
                 placed[layout] = totals.get(layout, 0)
                 totals[layout] = placed[layout] + n
             offsets.append(placed)
+        from soagen.runtime.buffers import copy_values
+
         collections = {
             layout: self.layouts[layout].allocate(total, device) for layout, total in totals.items()
         }
@@ -154,7 +156,7 @@ class EventLoader:
                     one = [*target.shape[:axis], 1, *target.shape[axis + 1 :]]
                     target = target.as_strided(one, target.stride()).select(axis, 0)
                     source = source.select(axis, 0)
-                target.copy_(source)
+                copy_values(target, source)
                 bound = self.index_bounds.get(item.spec.name)
                 if bound is not None and placed[self.layout_of[bound]]:
                     target.add_(placed[self.layout_of[bound]])
