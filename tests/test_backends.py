@@ -69,6 +69,29 @@ def test_torchscript_module_and_file_match_eager(gnn, tmp_path: Path) -> None:  
     torch.testing.assert_close(_run(from_file, gnn), expected)
 
 
+@pytest.mark.parametrize("backend", ["eager", "torchscript"])
+def test_eager_and_torchscript_match_contiguous_copies_at_several_sizes(gnn, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """Sizes whose pitches differ (n = 1 and 2, n below, at and past a multiple of the alignment's
+    element count), a slice (parent pitches, a storage offset), repeated calls (TorchScript's
+    profiling executor specializes after its first runs)."""
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net, nodes, edges, _, _ = gnn
+    model = EdgeClassifier(torch.jit.script(net) if backend == "torchscript" else net)
+    assert model.backend == backend
+    for n_nodes, n_edges in ((1, 1), (2, 2), (1, 5), (31, 32), (32, 33), (50, 77), (300, 1000)):
+        small_nodes, small_edges = Nodes.allocate(n_nodes), Edges.allocate(n_edges)
+        small_nodes.block("node_features").copy_(nodes.block("node_features")[:n_nodes])
+        small_edges.block("edge_index").copy_(edges.block("edge_index")[:, :n_edges] % n_nodes)
+        small_edges.block("edge_features").copy_(edges.block("edge_features")[:n_edges])
+        for cut in (slice(None), slice(n_edges // 3, None)):  # whole, then a slice of the edges
+            part = small_edges[cut]
+            for _ in range(3):
+                scores = EdgeScores.allocate(part.size, zero=True)
+                model(small_nodes, part, out=scores)
+                torch.testing.assert_close(scores.score, _eager(net, small_nodes, part))
+
+
 def test_torch_compile_matches_eager_at_several_sizes(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 
@@ -151,6 +174,39 @@ def test_shape_settings_come_back_when_another_thread_ends_the_compile_window(gn
         callback_handler.remove_start_callback(signal)
     assert compiling.is_set()  # the window did overlap a compile
     assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
+
+
+class WithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        return self.dropout(features[:, 0] + 1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compile"])
+def test_modules_run_in_eval_mode(gnn, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """A module bound in training mode is put in eval mode, as TorchScript files are run and
+    `soagen compile` exports: its dropout would make each call's results differ. Put back in
+    training mode later (a loop that trains and validates), it is refused until .eval()."""
+    from generated.gnn import EdgeClassifier
+
+    _, nodes, edges, _, _ = gnn
+    net = WithDropout()
+    assert net.training
+    model = EdgeClassifier(net, backend=backend)
+    assert not net.training
+    expected = edges.delta_r + 1
+    torch.testing.assert_close(_run(model, gnn), expected)
+    torch.testing.assert_close(_run(model, gnn), expected)
+    net.train()
+    with pytest.raises(ModelLoadError, match="WithDropout is in training mode .*call .eval"):
+        _run(model, gnn)
+    net.eval()
+    torch.testing.assert_close(_run(model, gnn), expected)
 
 
 def test_runner_is_built_once_per_device(gnn) -> None:  # type: ignore[no-untyped-def]

@@ -31,6 +31,11 @@ model Transposed {
     input points_t = Points{x, y, z} as [c, n]
     output scores_t = Scores{a, b} as [c, n]
 }
+model Neighbours {
+    input points = Points{x, y, z} as [n, c]
+    input neighbour = Points{label} as [n] indexes points
+    output scores = Scores{a, b} as [n, c]
+}
 """
 
 
@@ -542,20 +547,114 @@ def test_out_of_a_model_with_several_output_layouts_is_checked(
     assert a.a.tolist() == [1.0, 2.0, 3.0, 4.0] and b.b.tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
-def test_a_write_into_a_shared_collection_names_every_input_it_could_be() -> None:
-    """edge_index and edge_features are views of one Edges buffer, with one version counter: a
-    write into edge_features must not be blamed on edge_index alone."""
+class WritesFeatures(nn.Module):
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        features.mul_(2)
+        return features[:, 0].clone()
+
+
+def test_a_write_into_one_of_several_inputs_of_one_collection_names_that_input() -> None:
+    """edge_index and edge_features are views of one Edges buffer; each is handed over with a
+    version counter of its own, so a write into edge_features is pinned on it alone."""
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 
-    class WritesFeatures(nn.Module):
-        def forward(
-            self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
-        ) -> torch.Tensor:
-            features.mul_(2)
-            return features[:, 0].clone()
+    nodes, edges = Nodes.allocate(4, zero=True), Edges.allocate(6, zero=True)
+    with pytest.raises(InputModifiedError, match=r"wrote into its input 'edge_features' \("):
+        EdgeClassifier(WritesFeatures())(nodes, edges, out=EdgeScores.allocate(6))
+
+
+def test_inside_inference_mode_a_write_names_every_input_it_could_be() -> None:
+    """Inside the caller's `torch.inference_mode()` new tensors keep no version counter, so the
+    inputs are views sharing the buffer's: a write into edge_features is not blamed on
+    edge_index alone."""
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 
     nodes, edges = Nodes.allocate(4, zero=True), Edges.allocate(6, zero=True)
-    with pytest.raises(
-        InputModifiedError, match=r"one of its inputs 'edge_index' .*'edge_features'"
+    with (
+        torch.inference_mode(),
+        pytest.raises(
+            InputModifiedError,
+            match=r"one of its inputs 'edge_index' .*'edge_features' .*share a version counter",
+        ),
     ):
         EdgeClassifier(WritesFeatures())(nodes, edges, out=EdgeScores.allocate(6))
+
+
+def test_writes_by_another_thread_during_a_call_are_not_the_models() -> None:
+    """A producer filling a member the model does not read, while the model runs on the same
+    collection, moves the buffer's version counter but not those of the model's inputs."""
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net = build_model()
+    entered, written = threading.Event(), threading.Event()
+
+    class WaitsForTheProducer(nn.Module):
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            entered.set()
+            assert written.wait(10)
+            return typing.cast(torch.Tensor, net(*inputs))
+
+    def produce() -> None:
+        assert entered.wait(10)
+        nodes.detector_id.fill_(7)
+        written.set()
+
+    nodes, edges = Nodes.allocate(50, zero=True), Edges.allocate(80, zero=True)
+    nodes.block("node_features").copy_(torch.randn(50, 4))
+    scores = EdgeScores.allocate(80, zero=True)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    EdgeClassifier(WaitsForTheProducer())(nodes, edges, out=scores)
+    producer.join()
+    assert nodes.detector_id.eq(7).all()
+    expected = EdgeScores.allocate(80)
+    EdgeClassifier(net)(nodes, edges, out=expected)
+    assert torch.equal(scores.score, expected.score) and scores.score.any()
+
+
+class Neighbour(nn.Module):
+    def forward(self, points: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
+        return points[neighbour, :2] - points[:, :2]
+
+
+def test_batch_size_refuses_index_inputs(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    """An index counts from the start of the whole collection: a slice would read another
+    element than it names (or refuse a valid one), so nothing runs."""
+    points = _points(mlp_module, 1000)
+    points.label.copy_(torch.arange(1000).flip(0))
+    scores = mlp_module.Scores.allocate(1000, zero=True)
+    for bounds in (None, {"neighbour": None}):
+        model = mlp_module.Neighbours(Neighbour(), index_bounds=bounds)
+        with pytest.raises(BindingError, match=r"batch_size: Neighbours's input\(s\) 'neighbour'"):
+            model(points, out=scores, batch_size=100)
+        assert not scores.a.any() and not scores.b.any()
+    model(points, out=scores, batch_size=1000)  # one slice: the whole collections
+    model(points, out=scores)
+    features = points.block("points")
+    torch.testing.assert_close(scores.a, features[:, 0].flip(0) - features[:, 0])
+
+
+def test_a_read_only_output_is_refused(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    """A collection wrapped read-only (torch views allowed for reading) takes no results."""
+    import numpy as np
+
+    from soagen.runtime import ReadOnlyCollectionError
+
+    points = _points(mlp_module, 4)
+    size = mlp_module.Scores.byte_size(4)
+    raw = np.zeros(size + 128, dtype=np.uint8)
+    start = -raw.ctypes.data % 128  # the layout's alignment
+    memory = raw[start : start + size]
+    memory.flags.writeable = False
+    for unsafe_torch_views in (True, False):
+        out = mlp_module.Scores.wrap(
+            memory, 4, read_only=True, unsafe_torch_views=unsafe_torch_views
+        )
+        with pytest.raises(
+            ReadOnlyCollectionError, match="output 'scores' is a Scores wrapped read-only"
+        ):
+            mlp_module.Mlp(Linear32())(points, out=out)
+    assert not memory.any()

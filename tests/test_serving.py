@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 
 from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
-from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
+from soagen.runtime import BindingError, IndexRangeError, SoaRuntimeError  # noqa: E402
 from soagen.serving import (  # noqa: E402
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -483,17 +483,23 @@ def test_a_gpu_server_refuses_a_bad_index_and_serves_on(
 
 
 @needs_triton
-def test_batch_size_slices_are_sent_as_events(server: Served, local: EdgeClassifier) -> None:
+def test_slices_are_sent_as_events(server: Served, local: EdgeClassifier) -> None:
     nodes, edges = _event(3000, 3000, 7)
     # A slice's indices count the slice's own nodes (the last slice has 952).
     edges.src.copy_(torch.arange(3000) % 952)
     edges.dst.copy_(torch.arange(3000) * 7 % 952)
+    out, expected = EdgeScores.allocate(3000, zero=True), EdgeScores.allocate(3000, zero=True)
+    slices = ((0, 1024), (1024, 2048), (2048, 3000))
     with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
-        out = EdgeScores.allocate(3000, zero=True)
-        remote(nodes, edges, out=out, batch_size=1024)
+        # batch_size would cut edges from the nodes their indices count from: refused unsent.
+        with pytest.raises(BindingError, match="batch_size: .*'edge_index' hold indices"):
+            remote(nodes, edges, out=out, batch_size=1024)
+        assert remote.stats.calls == 0 and not out.score.any()
+        for start, stop in slices:
+            remote(nodes[start:stop], edges[start:stop], out=out[start:stop])
         assert remote.stats.calls == 3
-    expected = EdgeScores.allocate(3000, zero=True)
-    local(nodes, edges, out=expected, batch_size=1024)
+    for start, stop in slices:
+        local(nodes[start:stop], edges[start:stop], out=expected[start:stop])
     assert torch.equal(out.score, expected.score)
 
 

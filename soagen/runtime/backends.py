@@ -1,6 +1,7 @@
 """Backends: what runs a model on its input tensors, placed on each device at its first call there.
 
-One backend object serves every device: `on(device)` builds the runner for a device once (a copy of
+An `nn.Module` runs in eval mode, put there when it is bound; a call while it is back in training
+mode is refused. One backend object serves every device: `on(device)` builds the runner for a device once (a copy of
 the module on that device, a TorchScript file loaded with `map_location`, a compiled module, an
 AOTInductor package loaded for that device), caches it, and hands the same runner to every later
 call, from any thread. Runners take the input tensors in schema order and return what the model
@@ -103,10 +104,10 @@ class EagerBackend(Backend):
 
     def __init__(self, module: torch.nn.Module) -> None:
         super().__init__(type(module).__name__)
-        self.module = module
+        self.module = _for_inference(module)
 
     def place(self, device: torch.device) -> Runner:
-        return _positional(_module_on(self.module, device))
+        return _in_eval_mode(self.module, _positional(_module_on(self.module, device)))
 
 
 class TorchScriptBackend(Backend):
@@ -142,7 +143,7 @@ class CompileBackend(Backend):
         self, module: torch.nn.Module, options: Mapping[str, object] | None = None
     ) -> None:
         super().__init__(type(module).__name__)
-        self.module = module
+        self.module = _for_inference(module)
         # dynamic=True: element counts (and the strides that follow them) vary from call to call.
         self.options: dict[str, object] = {"dynamic": True, **(options or {})}
 
@@ -171,7 +172,7 @@ class CompileBackend(Backend):
                     # Dynamo's end callback may have run in another thread (see below).
                     _restore_shapes()
 
-        return run
+        return _in_eval_mode(self.module, run)
 
 
 class _GeneralShapes(threading.local):
@@ -236,6 +237,28 @@ def _restore_shapes() -> None:
 
         fx_config.use_duck_shape, fx_config.backed_size_oblivious = replaced
         _general_shapes.replaced = None
+
+
+def _for_inference(module: torch.nn.Module) -> torch.nn.Module:
+    """The module in eval mode (dropout off, batch norms on their running statistics), as
+    `soagen compile` exports it and TorchScript files are run: set once, when it is bound."""
+    return module.eval()
+
+
+def _in_eval_mode(module: torch.nn.Module, run: Runner) -> Runner:
+    """`run`, refused while `module` is back in training mode (`module.train()` after binding it,
+    in a loop that trains and validates): its dropout would make every call's results differ."""
+
+    def run_in_eval_mode(inputs: Sequence[torch.Tensor]) -> object:
+        if module.training:
+            raise ModelLoadError(
+                f"{type(module).__name__} is in training mode (.train() was called after it was "
+                f"bound), where dropout and batch norms change its results; call .eval() on it "
+                f"before running it through soagen"
+            )
+        return run(inputs)
+
+    return run_in_eval_mode
 
 
 def _positional(module: Callable[..., object]) -> Runner:

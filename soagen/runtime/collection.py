@@ -452,6 +452,20 @@ class Collection:
             base, shape, strides, offset = self._resolve_block(block)
         return base.as_strided(shape, strides, offset)
 
+    def _block_with_own_version(self, block: str | BlockSpec) -> torch.Tensor:
+        """`block(block)` as a tensor that torch does not count as a view of the buffer: it has a
+        version counter of its own, which in-place writes through it or its views move, and writes
+        through any other view of the buffer (which all share the buffer's counter) do not. Model
+        bindings hand these to models, so that a write is pinned on the input that took it even
+        while other threads fill other members. Inside `torch.inference_mode()`, where new tensors
+        keep no version counter, it is `block(block)`."""
+        try:
+            base, shape, strides, offset = self._blocks[block]
+        except KeyError:
+            base, shape, strides, offset = self._resolve_block(block)
+        own = base.new_empty(0).set_(base.untyped_storage(), offset, shape, strides)
+        return base.as_strided(shape, strides, offset) if own.is_inference() else own
+
     def view(self, view: StridedView, *, element_axis: int | None = None) -> torch.Tensor:
         """Materialize any geometry of this buffer, computed for `capacity` elements.
 

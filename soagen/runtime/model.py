@@ -5,7 +5,8 @@ transfer), runs the model on the device where the data lives, checks every outpu
 device) before anything is written, then copies each output into its output block: one device-local copy.
 
 Inputs are never silently modified: a model that writes into its inputs is caught through the tensor
-version counters and refused with `InputModifiedError`, unless the caller asked for protected copies.
+version counters (each input is handed over with a counter of its own) and refused with
+`InputModifiedError`, unless the caller asked for protected copies.
 Writes that bypass autograd's bookkeeping (`.data`, `.numpy()`, raw pointers) leave the counters as
 they were and are not seen: run such models with `protect_inputs=True`. AOT packages move no
 counters either; `soagen compile` records the inputs a model writes, and loading such a package
@@ -27,6 +28,7 @@ from soagen.runtime.errors import (
     IndexRangeError,
     InputModifiedError,
     OutputError,
+    ReadOnlyCollectionError,
 )
 from soagen.runtime.geometry import ITEMSIZE, round_up
 from soagen.runtime.spec import BindingSpec, declared_index_bounds
@@ -111,6 +113,10 @@ class ModelBinding:
         bounds.update(self._backend.index_bounds)
         bounds.update(index_bounds or {})
         self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
+        # Inputs holding indices, checked or not: their values count from the start of the whole
+        # collections, so `batch_size` slices cannot run them.
+        indexed = {name for name, bound in bounds.items() if bound is not None}
+        self._index_inputs = sorted(indexed | set(declared_index_bounds(type(self).INPUTS)))
         inputs = [spec.name for spec in type(self).INPUTS]
         self._input_position = {name: position for position, name in enumerate(inputs)}
         self._binding_names = (*inputs, *(spec.name for spec in type(self).OUTPUTS))
@@ -282,6 +288,13 @@ class ModelBinding:
                     f"{cls.NAME}: all collections must be on one device, but {collection.NAME} is "
                     f"on {collection.device} and {collections[0].NAME} on {device}"
                 )
+        for name, collection in outputs.items():
+            if collection.read_only:
+                raise ReadOnlyCollectionError(
+                    f"{cls.NAME}: output {name!r} is a {collection.NAME} wrapped read-only "
+                    f"(read_only=True), and the model's results would be written into it; give "
+                    f"it a writable collection"
+                )
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
         if stream is None and batch_size is None:
@@ -295,6 +308,13 @@ class ModelBinding:
             if len(slices) <= 1:
                 self._run_once(inputs, outputs, device)
                 return
+            if self._index_inputs:
+                raise BindingError(
+                    f"batch_size: {cls.NAME}'s input(s) {', '.join(map(repr, self._index_inputs))} "
+                    f"hold indices counted from the start of whole collections, which a slice "
+                    f"of {slices[0][1] - slices[0][0]} elements would misread; run it without "
+                    f"batch_size"
+                )
             # Slices write into scratch collections, and the output blocks take their results once
             # every slice has run: a slice that fails leaves the outputs as they were.
             scratch = {id(c): type(c).allocate(c.size, device) for c in outputs.values()}
@@ -378,7 +398,9 @@ class ModelBinding:
             # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
-        views = [sources[name].block(block) for name, block in self._input_blocks]
+        # Each view with its own version counter: a write is pinned on the input that took it,
+        # and writes by other threads elsewhere in these buffers do not look like the model's.
+        views = [sources[name]._block_with_own_version(block) for name, block in self._input_blocks]
         if self.index_bounds:
             self._check_index_ranges(sources, views)
         versions = [view._version for view in views]
@@ -439,8 +461,10 @@ class ModelBinding:
         """Refuse a model that wrote into an input view (its version counter moved)."""
         cls = type(self)
         if [view._version for view in views] != versions and not self.protect_inputs:
-            # Views of one buffer share its version counter: every input bound to the written
-            # collection moved, and which of them the model wrote cannot be told apart.
+            # Each view has its own counter (`Collection._block_with_own_version`), except inside
+            # a caller's `torch.inference_mode()`, where views of one buffer share the buffer's:
+            # then every input bound to the written collection moved, and which one took the
+            # write is unknown.
             moved = [
                 spec
                 for spec, view, version in zip(cls.INPUTS, views, versions, strict=True)
@@ -450,10 +474,14 @@ class ModelBinding:
                 f"{spec.name!r} ({spec.block.layout}{{{', '.join(spec.block.members)}}})"
                 for spec in moved
             )
-            which = f"its input {blocks}" if len(moved) == 1 else f"one of its inputs {blocks}"
-            shared = "" if len(moved) == 1 else " (views of one buffer share a version counter)"
+            if len(moved) == 1:
+                which = f"its input {blocks}"
+            elif all(view._base is None for view in views):  # counters of their own
+                which = f"its inputs {blocks}"
+            else:
+                which = f"one of its inputs {blocks} (views of one buffer share a version counter)"
             raise InputModifiedError(
-                f"{cls.NAME} wrote into {which}{shared}; that collection now holds modified data. "
+                f"{cls.NAME} wrote into {which}; that collection now holds modified data. "
                 f"Fix the model, or create the binding with protect_inputs=True to run it on copies"
             )
 
