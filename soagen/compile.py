@@ -59,7 +59,13 @@ from soagen.modelbuild import (
     torch_device,
     trial_sizes,
 )
-from soagen.runtime.aot import METADATA_FORMAT, METADATA_KEY, AotBackend, describe_binding
+from soagen.runtime.aot import (
+    METADATA_FORMAT,
+    METADATA_KEY,
+    AotBackend,
+    describe_binding,
+    instruction_sets,
+)
 from soagen.runtime.collection import Collection
 from soagen.runtime.model import ModelBinding
 
@@ -201,6 +207,7 @@ def _build_package(
         "writes_inputs": writes_inputs,
         "input_geometry": _input_geometry(exported),
         "example_sizes": sizes,
+        "cpu_flags": instruction_sets() if device.type == "cpu" else None,
     }
     target.parent.mkdir(parents=True, exist_ok=True)
     # Compiled next to the target and moved into place once checked: no half-written package.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -192,24 +193,33 @@ def test_gnn_package_matches_eager(
 
 
 def test_gnn_package_skips_empty_collections(gnn: ModuleType, gnn_package: Path) -> None:
+    """Exported sizes start at 2: a call with nothing to compute runs nothing, not even the
+    package's loader, whatever the other collections hold."""
     compiled = gnn.EdgeClassifier.load(gnn_package)
-    nodes, edges = _gnn_inputs(gnn, 0, 0)
-    scores = gnn.EdgeScores.allocate(0)
-    compiled(nodes, edges, out=scores)
-    assert scores.score.shape == (0,)
+    for n_nodes in (0, 5):
+        nodes, edges = _gnn_inputs(gnn, n_nodes, 0)
+        compiled(nodes, edges, out=gnn.EdgeScores.allocate(0))
+    assert compiled._backend.devices == ()  # never placed: no call reached the package
+    nodes, edges = _gnn_inputs(gnn, 5, 3)
+    compiled(nodes, edges, out=gnn.EdgeScores.allocate(3))
+    assert compiled._backend.devices == (torch.device("cpu"),)
 
 
 def test_gnn_package_runs_on_slices(
     gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path
 ) -> None:
-    """batch_size slices keep the parent's pitch with fewer elements and a storage offset."""
+    """Slices keep the parent's pitch with fewer elements and a storage offset. (Each slice's edge
+    indices number that slice's nodes: `batch_size` refuses index inputs, explicit slices are the
+    caller's choice.)"""
     n = 1000
     nodes, edges = _gnn_inputs(gnn, n, n)
     edges.block("edge_index").copy_(torch.randint(0, 32, (2, n)))  # in range of every slice
     got, want = gnn.EdgeScores.allocate(n), gnn.EdgeScores.allocate(n)
-    gnn.EdgeClassifier.load(gnn_package)(nodes, edges, out=got, batch_size=300)
-    gnn.EdgeClassifier(gnn_model)(nodes, edges, out=want, batch_size=300)
-    torch.testing.assert_close(got.score, want.score)
+    compiled, eager = gnn.EdgeClassifier.load(gnn_package), gnn.EdgeClassifier(gnn_model)
+    for start, stop in ((0, 320), (320, 640), (640, 960), (960, 1000), (100, 999)):
+        compiled(nodes[start:stop], edges[start:stop], out=got[start:stop])
+        eager(nodes[start:stop], edges[start:stop], out=want[start:stop])
+        torch.testing.assert_close(got.score[start:stop], want.score[start:stop])
 
 
 def test_inputs_go_in_without_copies(gnn: ModuleType, gnn_package: Path) -> None:
@@ -679,6 +689,7 @@ def test_load_refuses_a_package_for_extensions_this_cpu_lacks(
 
     def change(entries: dict[str, str]) -> None:
         entries["AOTI_CPU_ISA"] = built
+        _change_soagen(cpu_flags=None)(entries)  # as a package of soagen 0.2.0 has it
 
     package = _rewrite_metadata(gnn_package, tmp_path / "isa.pt2", change)
     monkeypatch.setattr(aot, "cpu_flags", lambda: frozenset(here))
@@ -689,6 +700,41 @@ def test_load_refuses_a_package_for_extensions_this_cpu_lacks(
         ModelLoadError, match=f"compiled for CPUs with {built}; this CPU lacks {missing}"
     ):
         gnn.EdgeClassifier.load(package)
+
+
+@pytest.mark.skipif(
+    not (os.path.exists("/proc/cpuinfo") and platform.machine() in ("x86_64", "AMD64")),
+    reason="x86 flags of /proc/cpuinfo",
+)
+def test_load_refuses_a_package_built_on_a_cpu_with_extensions_this_one_lacks(
+    gnn: ModuleType, gnn_package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-march=native` lets the compiler use every extension of the build machine's CPU, not only
+    the level AOTI_CPU_ISA names (AVX512 says nothing of avx512_fp16): the package records them
+    all, and a CPU lacking any of them is refused. This CPU's flags are replaced, so the refusal is
+    checked on any machine."""
+    from soagen.runtime import aot
+
+    recorded = aot.read_metadata(gnn_package)["cpu_flags"]
+    assert recorded == aot.instruction_sets()  # this machine built it
+    assert "sse2" in recorded and "lm" not in recorded  # extensions only, not other cpuinfo flags
+    newer = _rewrite_metadata(
+        gnn_package,
+        tmp_path / "newer.pt2",
+        _change_soagen(cpu_flags=[*recorded, "avx512_fp16", "amx_fp16"]),
+    )
+    with pytest.raises(
+        ModelLoadError,
+        match=r"compiled \(-march=native\) on a CPU with avx512_fp16 amx_fp16, which this CPU lacks",
+    ):
+        gnn.EdgeClassifier.load(newer)
+    # A CPU with more extensions than the build's runs it; one whose flags are unknown is not judged.
+    monkeypatch.setattr(
+        aot, "cpu_flags", lambda: frozenset([*recorded, "avx512_fp16", "amx_fp16", "x"])
+    )
+    gnn.EdgeClassifier.load(newer)
+    monkeypatch.setattr(aot, "cpu_flags", lambda: None)
+    gnn.EdgeClassifier.load(newer)
 
 
 def test_package_for_another_device_refuses_to_run_here(

@@ -114,6 +114,7 @@ def read_metadata(path: Path) -> dict[str, typing.Any]:
             f"{path}: soagen metadata format {found!r} is not {METADATA_FORMAT}, the one soagen "
             f"{soagen.__version__} reads; rebuild the package with `soagen compile`"
         )
+    check_instruction_sets(path, metadata.get("cpu_flags"))
     # AOTInductor's own record of the GPU it built kernels for (major * 10 + minor), which its
     # loader only logs a warning about.
     metadata[COMPUTE_CAPABILITY_KEY] = entries.get("AOTI_COMPUTE_CAPABILITY", "")
@@ -186,6 +187,43 @@ _LINUX_FLAGS = {
     "avx512_vnni": "avx512_vnni",
     "amx_tile": "amx_tile",
 }
+
+
+# /proc/cpuinfo flags that name x86 instruction-set extensions: what `-march=native` lets the
+# compiler use anywhere in a package's code, whichever level AOTI_CPU_ISA records.
+_INSTRUCTION_SET_PREFIXES = ("sse", "ssse", "avx", "amx", "fma")
+_INSTRUCTION_SETS = frozenset(
+    "abm adx aes bmi1 bmi2 clflushopt clwb cx16 f16c gfni lzcnt movbe movdir64b movdiri "
+    "pclmulqdq popcnt rdrnd rdseed serialize sha_ni tbm vaes vpclmulqdq xop".split()
+)
+
+
+def instruction_sets() -> list[str] | None:
+    """This CPU's instruction-set extensions by their /proc/cpuinfo flags, sorted; None where
+    Linux does not list x86 flags. `soagen compile` records them in CPU packages."""
+    flags = cpu_flags()
+    if flags is None:
+        return None
+    return sorted(
+        flag
+        for flag in flags
+        if flag in _INSTRUCTION_SETS or flag.startswith(_INSTRUCTION_SET_PREFIXES)
+    )
+
+
+def check_instruction_sets(path: Path, built_with: object) -> None:
+    """Refuse a CPU package on a CPU that lacks an extension of the CPU it was compiled on
+    (`built_with`, recorded by `soagen compile`): its code may use any of them."""
+    flags = cpu_flags()
+    if not isinstance(built_with, list) or flags is None:
+        return  # not recorded (a GPU package, another architecture), or not readable here
+    missing = [flag for flag in built_with if flag not in flags]
+    if missing:
+        raise ModelLoadError(
+            f"{path} was compiled (-march=native) on a CPU with {' '.join(missing)}, which this "
+            f"CPU lacks: its code may use them and would die on an illegal instruction. Build "
+            f"the package on the machine family that runs it"
+        )
 
 
 def cpu_flags() -> frozenset[str] | None:
