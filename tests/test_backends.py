@@ -501,3 +501,23 @@ def test_malloc_tuning_keeps_freed_memory_mapped() -> None:
             kept[setting, where] = int(grown)
     assert min(kept["on", "main"], kept["on", "thread"]) >= 120_000_000, kept
     assert max(kept["off", "main"], kept["off", "thread"]) <= 8_000_000, kept
+
+
+@pytest.mark.parametrize(("system", "libc"), [("Linux", "musl"), ("Linux", ""), ("Darwin", "")])
+def test_malloc_tuning_is_never_applied_outside_glibc(
+    monkeypatch: pytest.MonkeyPatch, system: str, libc: str
+) -> None:
+    """mallopt's parameter numbers are glibc's: another C library must not be handed them."""
+    import ctypes
+    import platform
+
+    from soagen.runtime import cpu
+
+    loaded: list[str] = []
+    monkeypatch.setattr(platform, "system", lambda: system)
+    monkeypatch.setattr(platform, "libc_ver", lambda *_, **__: (libc, ""))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, *_, **__: loaded.append(name))
+    monkeypatch.setattr(cpu, "_malloc_decided", False)
+    assert cpu.set_malloc_tuning(True) is False
+    cpu.ensure_malloc_tuning()  # decided: nothing more
+    assert loaded == []

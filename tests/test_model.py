@@ -255,7 +255,7 @@ def test_wrong_collections_are_refused(mlp_module) -> None:  # type: ignore[no-u
         model(out=scores)
     with pytest.raises(BindingError, match="Mlp.points binds Points, got Scores"):
         model(scores, out=scores)
-    with pytest.raises(BindingError, match="Mlp.scores binds Scores, got Points"):
+    with pytest.raises(BindingError, match=r"Mlp.scores \(out=\) binds Scores, got Points"):
         model(points, out=points)
     with pytest.raises(BindingError, match="Mlp.points binds Points, got Tensor"):
         model(torch.zeros(3), out=scores)
@@ -274,7 +274,7 @@ def test_wrong_collections_are_refused_after_good_calls(mlp_module) -> None:  # 
     model.run({"points": points}, {"scores": scores})
     with pytest.raises(BindingError, match="Mlp.points binds Points, got Scores"):
         model(scores, out=scores)
-    with pytest.raises(BindingError, match="Mlp.scores binds Scores, got Points"):
+    with pytest.raises(BindingError, match=r"Mlp.scores \(out=\) binds Scores, got Points"):
         model(points, out=points)
     with pytest.raises(BindingError, match="inputs points; got scores"):
         model.run({"scores": points}, {"points": scores})
@@ -540,7 +540,7 @@ def test_out_of_a_model_with_several_output_layouts_is_checked(
     ):
         with pytest.raises(BindingError, match=expected + got):
             model(points, out=out)
-    with pytest.raises(BindingError, match="M.a binds OutA, got OutB"):
+    with pytest.raises(BindingError, match=r"M.a \(out=\) binds OutA, got OutB"):
         model(points, out=(b, a))
     assert not a.a.any() and not b.b.any()
     model(points, out=[a, b])

@@ -504,8 +504,10 @@ def _check_names(
     for spec in specs:
         collection = given[spec.name]
         if getattr(collection, "NAME", None) != spec.block.layout:
+            argument = " (out=)" if role == "output" else ""
             raise BindingError(
-                f"{cls.NAME}.{spec.name} binds {spec.block.layout}, got {_described(collection)}"
+                f"{cls.NAME}.{spec.name}{argument} binds {spec.block.layout}, got "
+                f"{_described(collection)}"
             )
         key, found = spec.block.layout_key, getattr(collection, "LAYOUT_KEY", "")
         # An empty key on either side (hand-made specs or classes) checks nothing.
