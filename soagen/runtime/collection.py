@@ -71,12 +71,13 @@ _VIEW_CACHE_SIZE = 256
 class _Memory:
     """One buffer and what is derived from it, shared by a collection and all its slices."""
 
-    __slots__ = ("buffer", "host", "numpy_cache", "read_only", "torch_views", "typed")
+    __slots__ = ("buffer", "host", "numpy_cache", "read_only", "storage", "torch_views", "typed")
 
     def __init__(
         self, buffer: torch.Tensor, read_only: bool, torch_views: bool, host: object = None
     ):
         self.buffer = buffer  # 1-D uint8, exactly byte_size(capacity) bytes
+        self.storage = buffer.untyped_storage()  # made once: each call of it makes a new object
         self.read_only = read_only
         self.torch_views = torch_views
         self.host = host  # NumPy array or memoryview over the same bytes, for read-only NumPy views
@@ -463,7 +464,7 @@ class Collection:
             base, shape, strides, offset = self._blocks[block]
         except KeyError:
             base, shape, strides, offset = self._resolve_block(block)
-        own = base.new_empty(0).set_(base.untyped_storage(), offset, shape, strides)
+        own = base.new_empty(0).set_(self._memory.storage, offset, shape, strides)
         return base.as_strided(shape, strides, offset) if own.is_inference() else own
 
     def view(self, view: StridedView, *, element_axis: int | None = None) -> torch.Tensor:
