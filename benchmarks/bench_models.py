@@ -7,8 +7,10 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
   binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`). GNN
   bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
-- `naive torch.stack`, `naive np.stack`: gather the columns into new tensors (`torch.stack`, or
-  `np.stack` + `torch.from_numpy`), `.to(device)`, run, copy the result back into the output columns;
+- `naive torch.stack`, `naive np.stack`, `naive torch.tensor`: gather the columns into new tensors
+  on the device (`torch.stack` + `.to(device)`; `np.stack` + `torch.from_numpy` + `.to(device)`;
+  `torch.tensor(np.stack(...), device=...)`, which copies once more), run, copy the result back
+  into the output columns;
 - `ort copies`: the model exported to ONNX, run by ONNX Runtime with the copies its `run` API needs;
 - `ort io-binding`: ONNX Runtime reading each SoA block in place as a dense [c, pitch] array and
   writing straight into the output columns (the exported model takes [c, pitch] and also computes
@@ -19,21 +21,30 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
   caller reaches, shown for reference and judged against separately.
 
 Besides the end-to-end table: the binding layer alone (a null model that returns a precomputed result,
-with a 2-element output so the write-back is nothing; the write-back at n is its own row) against the
-naive gathers; the per-call cost at n = 2 for every backend against its bare runner; each path's peak
-memory during one call (a subprocess per model, with malloc returning freed memory so the peak shows);
+with a 2-element output so the write-back is nothing; the write-back at n is its own row; the GNN's
+null call with and without the index range check) against the naive gathers; the per-call cost at
+n = 2 for every backend against its bare runner (each checked too); each path's peak memory during
+one call (a subprocess per model, with malloc returning freed memory and ONNX Runtime keeping no
+arena, so the peak shows); glibc malloc tuning on against off (fresh processes, alternating);
 generation latency and the generated module's import time; on CUDA, the same paths plus a profiler
 count of host<->device copies inside soagen calls (the goal is zero).
 
 Repeats are interleaved (every path once per round, the starting path rotating), so machine noise
 hits all paths alike; each sample runs enough calls to last `--min-sample-ms`; warm-ups run until a
 call no longer page-faults (so a path is not timed while the heap is still growing). The table shows
-medians; the JSON keeps min/median/max and page faults per call. One intra-op thread and soagen's
-malloc tuning apply to every path, in this process, as in a reconstruction job
-(`--no-malloc-tuning` to compare).
+medians; the JSON keeps min/median/max and page faults per call. Sizes whose calls take over a
+second run fewer rounds (`SLOW_REPEATS`, said in the table's title). Before each size, the run
+estimates its peak memory from the previous size's (scaled to n, with a margin) and skips the size,
+with a note, where that exceeds the memory available: that is where the sizes stop. One intra-op
+thread and soagen's malloc tuning apply to every path, in this process, as in a reconstruction job
+(`--no-malloc-tuning` to run it all untuned; the malloc section compares both either way).
 
-    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 (GNN to 1e6), ~6 min on 2 cores
-    python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats (~70 s here)
+    python benchmarks/bench_models.py            # n = 1e3 .. 1e7 where memory allows, ~10 min
+    python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats (~65 s here)
+
+(Times on 2 cores and 23 GiB, where the GNN's E = 1e7 does not fit: with every path in one process
+its E = 1e6 peaks near 7 GiB. Where it fits, it adds ~8 min: ~4 s per torch call, ~14 s per ONNX
+Runtime call.)
 """
 
 from __future__ import annotations
@@ -84,6 +95,20 @@ AOT_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 BACKENDS = ("eager", "torchscript", "compile", *AOT_OPTIONS)
 RTOL, ATOL = 1e-4, 1e-5
+# The binding-layer rows: the null call (for the GNN with the index range check off), the GNN's
+# null call with the check every timed soagen path runs, and how a caller turns the check off.
+NULL_CALL = "soagen call, null model"
+INDEX_CHECKED = "soagen call, null model + index range check"
+INDEX_CHECK_OFF = '`index_bounds={"edge_index": None}`'
+# The size the conversion target names (n = 1e7).
+TARGET_N = 10**7
+# A size whose slowest path takes longer than this per call runs SLOW_REPEATS rounds, and one
+# warm-up call per path (the check is a second untimed call): the GNN at E = 1e7 takes ~4 s per
+# torch call and ~14 s per ONNX Runtime call on 2 cores.
+SLOW_CALL_S, SLOW_REPEATS = 1.0, 3
+# A size runs only if its estimated peak memory, the previous size's scaled to n times this margin
+# (for what does not scale: allocator rounding, arenas growing by powers of two), is available.
+MEMORY_MARGIN = 1.25
 
 # One call of a path: returns its output, or None when it wrote into the case's output columns
 # (read back by `Case.written` for the check, outside the timed calls).
@@ -120,14 +145,21 @@ class Case:
 
 @dataclass
 class Tools:
-    """What every case of a run shares: generated modules, networks, packages, ONNX sessions."""
+    """What every case of a run shares: generated modules, networks, packages, ONNX models."""
 
     modules: dict[str, ModuleType]
     nets: dict[str, torch.nn.Module]
     backends: list[str]
     packages: dict[str, Path] = field(default_factory=dict)
-    sessions: dict[str, Any] = field(default_factory=dict)
+    # Exported ONNX models by name ("mlp", "mlp columns", ...). Each case opens its own sessions
+    # (milliseconds), so their arenas go with the case instead of holding the largest size's
+    # memory through the rest of the run.
+    onnx: dict[str, bytes] = field(default_factory=dict)
+    ort_arena: bool = True
     notes: list[str] = field(default_factory=list)
+
+    def session(self, name: str) -> Any:
+        return ort_session(self.onnx[name], self.ort_arena)
 
 
 # --- setup ---------------------------------------------------------------------------------------
@@ -191,15 +223,10 @@ def aot_package(
     return path
 
 
-def onnx_session(
-    net: torch.nn.Module,
-    example: tuple[torch.Tensor, ...],
-    dynamic: tuple[dict[int, Any], ...],
-    arena: bool = True,
-) -> Any:
-    """An ONNX Runtime session on one thread: with two, the GNN's results were wrong and varied."""
-    import onnxruntime  # type: ignore[import-untyped]
-
+def onnx_model(
+    net: torch.nn.Module, example: tuple[torch.Tensor, ...], dynamic: tuple[dict[int, Any], ...]
+) -> bytes:
+    """`net` exported to ONNX (dynamo), serialized."""
     program = torch.onnx.export(
         net.eval(), example, dynamo=True, dynamic_shapes=dynamic, verbose=False
     )
@@ -207,37 +234,47 @@ def onnx_session(
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "model.onnx"
         program.save(str(path))
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.enable_cpu_mem_arena = arena
-        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return path.read_bytes()
 
 
-def onnx_sessions(nets: dict[str, torch.nn.Module], arena: bool = True) -> dict[str, Any]:
+def ort_session(model: bytes, arena: bool = True) -> Any:
+    """An ONNX Runtime session on one thread: with two, the GNN's results were wrong and varied."""
+    import onnxruntime  # type: ignore[import-untyped]
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = arena
+    return onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def onnx_models(nets: dict[str, torch.nn.Module], models: Sequence[str]) -> dict[str, bytes]:
+    """Each of `models` exported twice: on its own inputs, and on SoA blocks read in place."""
     dim = torch.export.Dim
     rows = dim("rows", min=2)
     nodes, edges = dim("nodes", min=2), dim("edges", min=2)
     pitch_nodes, pitch_index, pitch_edges = dim("pn", min=2), dim("pi", min=2), dim("pf", min=2)
-    mlp, gnn = nets["mlp"], nets["gnn"]
-    gnn_example = (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2))
-    gnn_columns = (
-        torch.randn(4, 32),
-        torch.randint(0, 16, (2, 48)),
-        torch.rand(2, 64),
-        torch.rand(40),
-    )
-    return {
-        "mlp": onnx_session(mlp, (torch.randn(64, 4),), ({0: rows},), arena),
-        "mlp columns": onnx_session(ColumnsFirst(mlp), (torch.randn(4, 64),), ({1: rows},), arena),
-        "gnn": onnx_session(gnn, gnn_example, ({0: nodes}, {1: edges}, {0: edges}), arena),
-        "gnn columns": onnx_session(
+    found = {}
+    if "mlp" in models:
+        mlp = nets["mlp"]
+        found["mlp"] = onnx_model(mlp, (torch.randn(64, 4),), ({0: rows},))
+        found["mlp columns"] = onnx_model(ColumnsFirst(mlp), (torch.randn(4, 64),), ({1: rows},))
+    if "gnn" in models:
+        gnn = nets["gnn"]
+        gnn_example = (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2))
+        gnn_columns = (
+            torch.randn(4, 32),
+            torch.randint(0, 16, (2, 48)),
+            torch.rand(2, 64),
+            torch.rand(40),
+        )
+        found["gnn"] = onnx_model(gnn, gnn_example, ({0: nodes}, {1: edges}, {0: edges}))
+        found["gnn columns"] = onnx_model(
             GnnColumnsFirst(gnn),
             gnn_columns,
             ({1: pitch_nodes}, {1: pitch_index}, {1: pitch_edges}, {0: edges}),
-            arena,
-        ),
-    }
+        )
+    return found
 
 
 class NullModel(torch.nn.Module):
@@ -357,15 +394,33 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
         with torch.inference_mode():
             write_back(net(torch.stack(columns, dim=1).to(device)))
 
-    def naive_numpy() -> None:
-        with torch.inference_mode():
-            result = net(torch.from_numpy(np.stack(arrays, axis=1)).to(device)).cpu().numpy()
+    def write_host(result: np.ndarray[Any, Any]) -> None:
         for index, array in enumerate(host_out):
             array[:] = result[:, index]
 
-    case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
-    case.readers["naive np.stack"] = host_written
-    case.written["naive np.stack"] = [host_scores.buffer]
+    def gather_numpy() -> torch.Tensor:
+        return torch.from_numpy(np.stack(arrays, axis=1)).to(device)
+
+    def gather_tensor() -> torch.Tensor:
+        return torch.tensor(np.stack(arrays, axis=1), device=device)
+
+    def naive_host(gather: Callable[[], torch.Tensor]) -> Run:
+        """A naive path over the NumPy columns: `gather`, run, write into the host columns."""
+
+        def run() -> None:
+            with torch.inference_mode():
+                write_host(net(gather()).cpu().numpy())
+
+        return run
+
+    case.paths |= {
+        "ideal": ideal,
+        "naive torch.stack": naive_torch,
+        "naive np.stack": naive_host(gather_numpy),
+        "naive torch.tensor": naive_host(gather_tensor),
+    }
+    for name in ("naive np.stack", "naive torch.tensor"):
+        case.readers[name], case.written[name] = host_written, [host_scores.buffer]
     variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
     # On a GPU the first GEMM over the column-major [n, 4] view (K = 4) cost the H100 run most of
     # eager's 1.10-1.15x at n >= 1e6: one row-major copy per call is the trade to measure. (On
@@ -384,13 +439,12 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
         case.soagen_calls[name] = call
         case.models[name] = model
     case.binding, case.collections = module.HitMlp, {"Hits": hits, "HitScores": scores}
-    if device == "cpu" and "mlp" in tools.sessions:
-        session, session_columns = tools.sessions["mlp"], tools.sessions["mlp columns"]
+    if device == "cpu" and "mlp" in tools.onnx:
+        session, session_columns = tools.session("mlp"), tools.session("mlp columns")
 
         def ort_copies() -> None:
             (result,) = session.run(None, {"features": np.stack(arrays, axis=1)})
-            for index, array in enumerate(host_out):
-                array[:] = result[:, index]
+            write_host(result)
 
         def bind_mlp() -> Any:
             view_out = scores.block("scores")
@@ -409,18 +463,18 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     null_result = reference.clone()
     null = module.HitMlp(NullModel(null_result[:2].clone()))
     tiny_out = module.HitScores.allocate(2, device=device)
+    null_output(case, tiny_out, "scores")
     score_block = scores.block("scores")
     case.overhead = {
         "soagen input views": lambda: hits.block("features"),
-        "soagen call, null model": lambda: null(hits, out=tiny_out),
+        NULL_CALL: lambda: null(hits, out=tiny_out),
         "soagen write-back": lambda: copy_values(score_block, null_result),
         "naive torch.stack gather": lambda: torch.stack(columns, dim=1).to(device),
-        "naive np.stack gather": lambda: torch.from_numpy(np.stack(arrays, axis=1)).to(device),
+        "naive np.stack gather": gather_numpy,
+        "naive torch.tensor gather": gather_tensor,
         "naive write-back": lambda: write_back(null_result),
     }
-    case.after_model = {
-        name: case.overhead[name] for name in ("soagen call, null model", "soagen write-back")
-    }
+    case.after_model = {name: case.overhead[name] for name in (NULL_CALL, "soagen write-back")}
     return case
 
 
@@ -475,24 +529,42 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             torch.stack(edge_columns, dim=1).to(device),
         )
 
+    def stacked_arrays() -> dict[str, np.ndarray[Any, Any]]:
+        """The NumPy gather, keyed by the model's input names (ONNX Runtime takes them so)."""
+        return {
+            "node_features": np.stack(node_arrays, axis=1),
+            "edge_index": np.stack(index_arrays),
+            "edge_features": np.stack(edge_arrays, axis=1),
+        }
+
     def gather_numpy() -> tuple[torch.Tensor, ...]:
-        return (
-            torch.from_numpy(np.stack(node_arrays, axis=1)).to(device),
-            torch.from_numpy(np.stack(index_arrays)).to(device),
-            torch.from_numpy(np.stack(edge_arrays, axis=1)).to(device),
-        )
+        return tuple(torch.from_numpy(a).to(device) for a in stacked_arrays().values())
+
+    def gather_tensor() -> tuple[torch.Tensor, ...]:
+        return tuple(torch.tensor(a, device=device) for a in stacked_arrays().values())
 
     def naive_torch() -> None:
         with torch.inference_mode():
             scores.score.copy_(net(*gather_torch()))
 
-    def naive_numpy() -> None:
-        with torch.inference_mode():
-            host_score[:] = net(*gather_numpy()).cpu().numpy()
+    def naive_host(gather: Callable[[], tuple[torch.Tensor, ...]]) -> Run:
+        """A naive path over the NumPy columns: `gather`, run, write into the host column."""
 
-    case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch, "naive np.stack": naive_numpy}
-    case.readers["naive np.stack"] = lambda: host_scores.score
-    case.written["naive np.stack"] = [host_scores.buffer]
+        def run() -> None:
+            with torch.inference_mode():
+                host_score[:] = net(*gather()).cpu().numpy()
+
+        return run
+
+    case.paths |= {
+        "ideal": ideal,
+        "naive torch.stack": naive_torch,
+        "naive np.stack": naive_host(gather_numpy),
+        "naive torch.tensor": naive_host(gather_tensor),
+    }
+    for name in ("naive np.stack", "naive torch.tensor"):
+        case.readers[name] = lambda: host_scores.score
+        case.written[name] = [host_scores.buffer]
     variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
     # The model's torch.cat of its [E, 32] node rows with the [E, 2] edge features makes the whole
     # call ~11% slower at E = 1e5 when those are the column-major view; one contiguous copy of
@@ -519,18 +591,11 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
         case.models[name] = model
     case.binding = module.EdgeClassifier
     case.collections = {"Nodes": nodes, "Edges": edges, "EdgeScores": scores}
-    if device == "cpu" and "gnn" in tools.sessions:
-        session, session_columns = tools.sessions["gnn"], tools.sessions["gnn columns"]
+    if device == "cpu" and "gnn" in tools.onnx:
+        session, session_columns = tools.session("gnn"), tools.session("gnn columns")
 
         def ort_copies() -> None:
-            (result,) = session.run(
-                None,
-                {
-                    "node_features": np.stack(node_arrays, axis=1),
-                    "edge_index": np.stack(index_arrays),
-                    "edge_features": np.stack(edge_arrays, axis=1),
-                },
-            )
+            (result,) = session.run(None, stacked_arrays())
             host_score[:] = result
 
         def bind_gnn() -> Any:
@@ -552,32 +617,38 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             case.readers[name], case.written[name] = (lambda: scores.score), [scores.buffer]
 
     null_result = reference.clone()
-    # The schema's `indexes` clause checks edge_index at every call; the bare call turns it off.
+    # The schema's `indexes` clause checks edge_index at every call (every timed soagen path does);
+    # the bare call turns it off: a safety check reading every index (O(n)), not conversion.
     null = module.EdgeClassifier(
         NullModel(null_result[:2].clone()), index_bounds={"edge_index": None}
     )
     null_checked = module.EdgeClassifier(NullModel(null_result[:2].clone()))
     tiny_out = module.EdgeScores.allocate(2, device=device)
+    null_output(case, tiny_out, "edge_scores")
     score_block = scores.block("edge_scores")
     blocks = [(nodes, "node_features"), (edges, "edge_index"), (edges, "edge_features")]
     case.overhead = {
         "soagen input views": lambda: [c.block(name) for c, name in blocks],
-        "soagen call, null model": lambda: null(nodes, edges, out=tiny_out),
-        "soagen call, null model + index range check": lambda: null_checked(
-            nodes, edges, out=tiny_out
-        ),
+        NULL_CALL: lambda: null(nodes, edges, out=tiny_out),
+        INDEX_CHECKED: lambda: null_checked(nodes, edges, out=tiny_out),
         "soagen write-back": lambda: copy_values(score_block, null_result),
         "naive torch.stack gather": gather_torch,
         "naive np.stack gather": gather_numpy,
+        "naive torch.tensor gather": gather_tensor,
         "naive write-back": lambda: scores.score.copy_(null_result),
     }
-    case.after_model = {
-        name: case.overhead[name] for name in ("soagen call, null model", "soagen write-back")
-    }
+    case.after_model = {name: case.overhead[name] for name in (NULL_CALL, "soagen write-back")}
     return case
 
 
 BUILDERS: dict[str, Callable[[int, str, Tools], Case]] = {"mlp": mlp_case, "gnn": gnn_case}
+
+
+def null_output(case: Case, out: Any, block: str) -> None:
+    """Register where the null call writes: its 2-element result is the first two rows of the
+    reference, so at n = 2 (`small_calls`) it is checked like any path."""
+    case.readers[NULL_CALL] = lambda: out.block(block)
+    case.written[NULL_CALL] = [out.buffer]
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -588,29 +659,42 @@ def minor_faults() -> int:
 
 
 def check(case: Case, name: str, run: Callable[[], object]) -> None:
-    """One more call of a path, its output checked against the reference."""
+    """One more call of a path, its output checked against the reference. A path that returns
+    nothing (or an empty list, as a runner that writes its outputs does) is read back through
+    `case.readers`, its output tensors zeroed first: one that writes nothing fails."""
     for tensor in case.written.get(name, []):
         tensor.zero_()
     output = run()
-    if output is None:
+    if isinstance(output, list | tuple) and len(output) == 1:
+        output = output[0]  # a backend runner's single output
+    if output is None or isinstance(output, list | tuple) and not output:
+        if name not in case.readers:
+            raise SystemExit(f"{case.model} n={case.n}: path {name!r} returned no output")
         output = case.readers[name]()
-    assert isinstance(output, torch.Tensor), name
+    if not isinstance(output, torch.Tensor):
+        raise SystemExit(f"{case.model} n={case.n}: path {name!r} returned {type(output)}")
     try:
         torch.testing.assert_close(output.cpu(), case.reference.cpu(), rtol=RTOL, atol=ATOL)
     except AssertionError as error:
         raise SystemExit(f"{case.model} n={case.n}: path {name!r} is wrong: {error}") from None
 
 
+def verifier(case: Case) -> Callable[[str, Callable[[], object]], None]:
+    """`time_paths`' check of each path of `case`."""
+    return lambda name, run: check(case, name, run)
+
+
 def warm_up(run: Callable[[], object], synchronize: Callable[[], None], limit: int = 6) -> float:
     """Call until a call no longer page-faults (the heap has grown to what the path needs), at
-    least twice; returns the last call's seconds."""
+    least twice (once for a call over SLOW_CALL_S: its check is a second untimed call); returns
+    the last call's seconds."""
     taken = 0.0
     for attempt in range(limit):
         faults, start = minor_faults(), time.perf_counter()
         run()
         synchronize()
         taken = time.perf_counter() - start
-        if attempt >= 1 and minor_faults() - faults < 64:
+        if attempt >= 1 and minor_faults() - faults < 64 or taken > SLOW_CALL_S:
             break
     return taken
 
@@ -622,13 +706,18 @@ def time_paths(
     synchronize: Callable[[], None],
     verify: Callable[[str, Callable[[], object]], None] | None = None,
 ) -> dict[str, Stats]:
-    """Warm up and check every path, then time them round-robin, the first path rotating."""
+    """Warm up and check every path, then time them round-robin, the first path rotating; where
+    a path's call takes over SLOW_CALL_S, all of them get at most SLOW_REPEATS rounds."""
     calls: dict[str, int] = {}
+    slowest = 0.0
     for name, run in paths.items():
         taken = warm_up(run, synchronize)
         if verify is not None:
             verify(name, run)
+        slowest = max(slowest, taken)
         calls[name] = max(1, min(10_000, math.ceil(min_sample_s / max(taken, 1e-7))))
+    if slowest > SLOW_CALL_S:
+        repeats = min(repeats, SLOW_REPEATS)
     samples: dict[str, list[float]] = {name: [] for name in paths}
     faults: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
@@ -660,14 +749,15 @@ def time_after(
     actions: dict[str, Callable[[], object]],
     synchronize: Callable[[], None],
     budget_s: float,
+    min_rounds: int = 5,
 ) -> dict[str, Stats]:
     """Time each action once right after an untimed call of `model`, interleaved, for as many
-    rounds as fit in `budget_s` of model time (5 to 200): what the action costs in a real call,
-    whose model has just pushed the caller's code and data out of the caches."""
+    rounds as fit in `budget_s` of model time (`min_rounds` to 200): what the action costs in a
+    real call, whose model has just pushed the caller's code and data out of the caches."""
     start = time.perf_counter()
     model()
     synchronize()
-    rounds = max(5, min(200, int(budget_s / max(time.perf_counter() - start, 1e-7))))
+    rounds = max(min_rounds, min(200, int(budget_s / max(time.perf_counter() - start, 1e-7))))
     samples: dict[str, list[float]] = {name: [] for name in actions}
     for _ in range(rounds):
         for name, action in actions.items():
@@ -719,7 +809,8 @@ def count_copies(calls: dict[str, Callable[[], object]], rounds: int = 3) -> dic
 
 def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, dict[str, Stats]]:
     """Every backend's soagen call at n = 2 against its bare runner on the same views: the
-    difference is the binding layer (views, checks, write-back) per call."""
+    difference is the binding layer (views, checks, write-back) per call. Each is checked against
+    the reference first, the bare runners and the null call included."""
     found: dict[str, dict[str, Stats]] = {}
     for model in ("mlp", "gnn"):
         case = BUILDERS[model](2, "cpu", tools)
@@ -744,7 +835,11 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
                 with torch.inference_mode():
                     return runner(views)
 
-            paths[f"{name.removeprefix('soagen ')} runner alone"] = bare
+            bare_name = f"{name.removeprefix('soagen ')} runner alone"
+            paths[bare_name] = bare
+            if soagen._backend.writes_outputs:  # the result is in the output block
+                case.readers[bare_name] = case.readers[name]
+                case.written[bare_name] = case.written[name]
             if name == "soagen aot":
                 from torch._inductor import aoti_load_package
 
@@ -755,8 +850,9 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
                         return loader.run(views)
 
                 paths["aot loader.run alone"] = raw
-        paths["soagen call, null model"] = case.overhead["soagen call, null model"]
-        found[model] = time_paths(paths, repeats, min_sample_s, lambda: None)
+        paths[NULL_CALL] = case.overhead[NULL_CALL]
+
+        found[model] = time_paths(paths, repeats, min_sample_s, lambda: None, verifier(case))
     return found
 
 
@@ -768,6 +864,15 @@ def status_kib(field_name: str) -> int:
         if line.startswith(field_name + ":"):
             return int(line.split()[1])
     raise KeyError(field_name)
+
+
+def reset_peak_rss() -> None:
+    """VmHWM back to VmRSS. Where the kernel refuses, VmHWM counts from the process start: peaks
+    read above a baseline then overestimate, never hide, memory."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def memory_probe(model: str, n: int, tools: Tools) -> dict[str, float]:
@@ -783,34 +888,145 @@ def memory_probe(model: str, n: int, tools: Tools) -> dict[str, float]:
         warm_up(run, lambda: None, limit=2)
         gc.collect()
         before = status_kib("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")
+        reset_peak_rss()
         run()
         found[name] = (status_kib("VmHWM") - before) / 1024
     found["data (collections)"] = case.data_bytes / 2**20
     return found
 
 
-def memory_in_subprocess(
-    model: str, n: int, backends: list[str], packages: dict[str, Path], onnx: bool
-) -> dict[str, float] | str:
-    """`memory_probe` in a fresh process; a note instead if it could not run."""
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--memory-probe",
-        f"{model}:{n}",
-        "--backends",
-        ",".join(backends),
-    ]
+def probe_in_subprocess(
+    what: str,
+    probe: list[str],
+    backends: list[str],
+    packages: dict[str, Path],
+    onnx_files: dict[str, Path],
+) -> Any:
+    """This script in a fresh process as a probe (`--memory-probe` or `--tuning-probe`, with its
+    options), given the backends, CPU packages and exported ONNX models (none: no ONNX Runtime
+    paths); the JSON it prints last, or a note saying why there is none."""
+    command = [sys.executable, str(Path(__file__).resolve()), *probe]
+    command += ["--backends", ",".join(backends)]
     for key, path in packages.items():
-        command += ["--package", f"{key}={path}"]
-    if not onnx:
-        command.append("--no-onnx")
+        if key.split()[1] == "cpu":
+            command += ["--package", f"{key}={path}"]
+    for key, path in onnx_files.items():
+        command += ["--onnx", f"{key}={path}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
-        return f"memory probe failed: {result.stderr.strip().splitlines()[-1:]}"
-    found: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
-    return found
+        return f"{what} failed: {result.stderr.strip().splitlines()[-1:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# --- memory available for a size ----------------------------------------------------------------
+
+
+def release_free_heap() -> None:
+    """Hand the heap's free memory back to the OS (glibc `malloc_trim`): with the malloc tuning
+    on, memory a finished size freed stays in the heap, and MemAvailable would not count it."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def memory_available(device: str) -> int:
+    """Bytes a size may still use: the host's MemAvailable, or the GPU's free memory plus what
+    torch's caching allocator holds unused."""
+    if device == "cpu":
+        release_free_heap()
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+        raise KeyError("MemAvailable")
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
+def peak_start(device: str) -> int:
+    """Start measuring a size's peak memory on `device` (the host's resident set, or torch's GPU
+    allocations); returns the baseline `peak_since` counts from."""
+    if device == "cpu":
+        reset_peak_rss()
+        return status_kib("VmRSS") * 1024
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def peak_since(device: str, baseline: int) -> int:
+    if device == "cpu":
+        return status_kib("VmHWM") * 1024 - baseline
+    return torch.cuda.max_memory_allocated() - baseline
+
+
+def memory_shortfall(device: str, n: int, measured: tuple[int, int] | None) -> str | None:
+    """Why size `n` would not fit, or None: the peak `measured` (n, bytes) at a smaller size,
+    scaled to n and by MEMORY_MARGIN, against the memory available now."""
+    if measured is None:
+        return None
+    measured_n, peak = measured
+    needed = max(peak, 0) * n / measured_n * MEMORY_MARGIN
+    available = memory_available(device)
+    if needed <= available:
+        return None
+    return (
+        f"needs ~{needed / 2**30:.1f} GiB by estimate ({peak / 2**20:,.0f} MiB peak at n = "
+        f"{size_label(measured_n)}, scaled to n, x{MEMORY_MARGIN} margin), "
+        f"{available / 2**30:.1f} GiB available"
+    )
+
+
+# --- glibc malloc tuning, on against off ---------------------------------------------------------
+
+
+def malloc_comparison(
+    sizes: list[str],
+    rounds: int,
+    repeats: int,
+    min_sample_ms: float,
+    tools: Tools,
+) -> dict[str, Any] | str:
+    """soagen's glibc malloc tuning (`set_malloc_tuning`) on against off for `ideal` and soagen
+    eager and aot at `sizes` ("model:n"): `rounds` pairs of fresh processes (a process cannot undo
+    the tuning), the order alternating. Per model, n and path: the median over rounds of each
+    process's median, and of its page faults per call. A note instead if a probe failed."""
+    backends: list[str] = [b for b in ("eager", "aot") if b in tools.backends]
+    medians: dict[str, list[Any]] = {"on": [], "off": []}
+    for round_index in range(rounds):
+        for setting in ("on", "off") if round_index % 2 == 0 else ("off", "on"):
+            log(f"malloc tuning {setting}, round {round_index + 1} of {rounds} (subprocess) ...")
+            probe = ["--tuning-probe", ",".join(sizes), "--repeats", str(repeats)]
+            probe += ["--min-sample-ms", str(min_sample_ms)]
+            probe += ["--no-malloc-tuning"] if setting == "off" else []
+            found = probe_in_subprocess("malloc tuning probe", probe, backends, tools.packages, {})
+            if isinstance(found, str):
+                return found
+            medians[setting].append(found)
+    summary: dict[str, dict[str, dict[str, Stats]]] = {}
+    for model, by_n in medians["on"][0].items():
+        for n, paths in by_n.items():
+            for path in paths:
+                entries = {
+                    key: [found[model][n][path] for found in medians[key]] for key in medians
+                }
+                ms = {key: [entry["median_ms"] for entry in entries[key]] for key in medians}
+                faults = {
+                    key: statistics.median(entry["page_faults_per_call"] for entry in entries[key])
+                    for key in medians
+                }
+                summary.setdefault(model, {}).setdefault(n, {})[path] = {
+                    "on_ms": statistics.median(ms["on"]),
+                    "off_ms": statistics.median(ms["off"]),
+                    "off_over_on": statistics.median(ms["off"]) / statistics.median(ms["on"]),
+                    "on_page_faults_per_call": faults["on"],
+                    "off_page_faults_per_call": faults["off"],
+                    "on_rounds_ms": ms["on"],
+                    "off_rounds_ms": ms["off"],
+                    "check": "passed"
+                    if all(e["check"] == "passed" for key in medians for e in entries[key])
+                    else "n/a",
+                }
+    return {"rounds": rounds, "repeats_per_process": repeats, "results": summary}
 
 
 # --- generation and import -----------------------------------------------------------------------
@@ -875,9 +1091,23 @@ def fmt_ms(value: float) -> str:
     return f"{value:.3g}" if value < 1e4 else f"{value:.4g}"
 
 
+def fmt_ratio(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2f}"
+
+
 def size_label(n: int) -> str:
     exponent = math.log10(n)
     return f"1e{int(exponent)}" if exponent.is_integer() else f"{n:g}"
+
+
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], labels: int = 1
+) -> list[str]:
+    """A Markdown table; the columns after the first `labels` are numbers, right-aligned."""
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "---|" * labels + "---:|" * (len(header) - labels))
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
 
 
 def _path_table(
@@ -885,15 +1115,14 @@ def _path_table(
 ) -> list[str]:
     """One row per path, one column per n; `cell(entry, all entries at that n)` fills a cell."""
     sizes = sorted(by_n)
-    lines = ["| path | " + " | ".join(f"n = {size_label(n)}" for n in sizes) + " |"]
-    lines.append("|---|" + "---:|" * len(sizes))
+    rows = []
     for path in by_n[sizes[0]]:
-        cells = []
+        cells = [path]
         for n in sizes:
             entry = by_n[n].get(path)
             cells.append("" if entry is None else cell(entry, by_n[n]))
-        lines.append(f"| {path} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(["path", *(f"n = {size_label(n)}" for n in sizes)], rows)
 
 
 def main_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
@@ -914,23 +1143,30 @@ def spread_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
 
 def overhead_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
     sizes = sorted(by_n)
-    lines = ["| operation (us per call) | " + " | ".join(f"n = {size_label(n)}" for n in sizes)]
-    lines[0] += " |"
-    lines.append("|---|" + "---:|" * len(sizes))
-    for name in by_n[sizes[0]]:
-        cells = [f"{by_n[n][name]['median_ms'] * 1e3:,.1f}" for n in sizes]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    ratio = [
-        by_n[n]["naive torch.stack gather"]["median_ms"]
-        / by_n[n]["soagen call, null model"]["median_ms"]
-        for n in sizes
+    rows = [
+        [name, *(f"{by_n[n][name]['median_ms'] * 1e3:,.1f}" for n in sizes)]
+        for name in by_n[sizes[0]]
     ]
-    lines.append(
-        "| naive torch.stack gather / soagen null call | "
-        + " | ".join(f"{r:,.1f}x" for r in ratio)
-        + " |"
+    ratios = [("naive torch.stack gather / soagen null call", NULL_CALL)]
+    if INDEX_CHECKED in by_n[sizes[0]]:
+        ratios.append(
+            ("naive torch.stack gather / (soagen null call + index range check)", INDEX_CHECKED)
+        )
+    for label, ours in ratios:
+        ratio = [
+            by_n[n]["naive torch.stack gather"]["median_ms"] / by_n[n][ours]["median_ms"]
+            for n in sizes
+        ]
+        rows.append([label, *(f"{r:,.1f}x" for r in ratio)])
+    return markdown_table(
+        ["operation (us per call)", *(f"n = {size_label(n)}" for n in sizes)], rows
     )
-    return lines
+
+
+def not_run_at(report: dict[str, Any], device: str, model: str, n: int) -> str:
+    """Why `model` has no results at `n` on `device`: the run's note on it, if it skipped it."""
+    reason = report.get("skipped", {}).get(device, {}).get(model, {}).get(str(n))
+    return f"skipped, {reason}" if reason else "not among this run's sizes"
 
 
 def evaluate_targets(report: dict[str, Any]) -> list[str]:
@@ -967,32 +1203,71 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
                 )
                 for path in soagen_paths:
                     per_backend[path].append(row[path]["median_ms"] / row["ideal"]["median_ms"])
-        lines.append(f"- {model}, fastest soagen vs ONNX Runtime: " + "; ".join(fastest_vs_ort))
+        no_large = f"not judged (no n >= 1e5 ran; the largest n was {size_label(sizes[-1])})"
         lines.append(
-            f"- {model}, fastest soagen vs ideal (n >= 1e5): " + "; ".join(fastest_vs_ideal)
+            f"- {model}, fastest soagen vs ONNX Runtime: "
+            + (
+                "; ".join(fastest_vs_ort)
+                or "not judged (no ONNX Runtime path ran: --no-onnx, or onnxruntime is missing)"
+            )
+        )
+        lines.append(
+            f"- {model}, fastest soagen vs ideal (n >= 1e5): "
+            + ("; ".join(fastest_vs_ideal) or no_large)
         )
         worst = {p: max(r) for p, r in per_backend.items() if r}
-        if worst:
-            lines.append(
-                f"- {model}, each backend's worst ratio to ideal at n >= 1e5: "
-                + ", ".join(
+        lines.append(
+            f"- {model}, each backend's worst ratio to ideal at n >= 1e5: "
+            + (
+                ", ".join(
                     f"{p.removeprefix('soagen ')} {w:.2f}x{'' if w <= 1.05 else ' (missed)'}"
                     for p, w in worst.items()
                 )
+                or no_large
             )
+        )
     for model, saved in report.get("overhead", {}).get("cpu", {}).items():
         by_n = {int(n): row for n, row in saved.items()}
         sizes = sorted(by_n)
         small, large = sizes[0], sizes[-1]
-        ours = by_n[large]["soagen call, null model"]["median_ms"]
+        where = f"n = {size_label(large)}"
+        if large < TARGET_N:
+            where += (
+                f" (the target's n = 1e7 did not run: {not_run_at(report, 'cpu', model, TARGET_N)})"
+            )
         naive = by_n[large]["naive torch.stack gather"]["median_ms"]
-        flat = ours / by_n[small]["soagen call, null model"]["median_ms"]
-        lines.append(
-            f"- {model}, binding layer at n = {size_label(large)}: naive gather / soagen = "
-            f"{naive / ours:,.0f}x ({'ok' if naive / ours >= 100 else 'MISSED'}, target >= 100x); "
+        ours = by_n[large][NULL_CALL]["median_ms"]
+        flat = ours / by_n[small][NULL_CALL]["median_ms"]
+        checked = INDEX_CHECKED in by_n[large]
+        flatness = (
             f"soagen n = {size_label(large)} / n = {size_label(small)}: {flat:.2f}x "
             f"({'ok' if flat <= 1.2 else 'MISSED'}, target <= 1.2x)"
+            if large > small
+            else "flatness not judged (one size ran)"
         )
+        lines.append(
+            f"- {model}, binding layer at {where}"
+            + (f", index range check off ({INDEX_CHECK_OFF})" if checked else "")
+            + f": naive gather / soagen = {fmt_ratio(naive / ours)}x "
+            f"({'ok' if naive / ours >= 100 else 'MISSED'}, target >= 100x); {flatness}"
+            + (
+                "; the check is judged apart: it is a safety check, not conversion, and the naive "
+                "paths check nothing"
+                if checked
+                else ""
+            )
+        )
+        if checked:
+            with_check = by_n[large][INDEX_CHECKED]["median_ms"]
+            growth = with_check / by_n[small][INDEX_CHECKED]["median_ms"]
+            lines.append(
+                f"- {model}, binding layer with the index range check every timed {model} soagen "
+                f"path runs (it reads each index: O(n)), for reference, not judged: naive gather / "
+                f"(null call + check) = {fmt_ratio(naive / with_check)}x at n = {size_label(large)}; "
+                f"the checked call grows {growth:.1f}x from n = {size_label(small)} to "
+                f"{size_label(large)} (not held to the 1.2x flatness target); "
+                f"{INDEX_CHECK_OFF} turns the check off"
+            )
     for model, rows in report.get("small_calls", {}).items():
         pairs = []
         for name in rows:
@@ -1008,8 +1283,55 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
                 pairs.append(f"{backend} +{extra:.1f} us{verdict}")
         lines.append(
             f"- {model}, per-call binding cost at n = 2 (target < 20 us for AOT; the other "
-            f"backends for reference): " + ", ".join(pairs)
+            f"backends for reference): "
+            + (", ".join(pairs) or "not judged (no backend's runner alone was timed)")
         )
+    return lines
+
+
+def malloc_lines(found: dict[str, Any] | str, quick: bool) -> list[str]:
+    """The malloc tuning section: on against off per model, n and path, and which is faster."""
+    title = (
+        "\n### glibc malloc tuning on (soagen's default, `set_malloc_tuning`) against off, CPU\n"
+    )
+    if isinstance(found, str):
+        return [title, f"- {found}"]
+    lines = [
+        title,
+        f"Median ms per call over {found['rounds']} round(s), each round a fresh process per "
+        f"setting (a process cannot undo the tuning), the order alternating, "
+        f"{found['repeats_per_process']} interleaved repeats per process; every path checked "
+        f"first; [page faults per call].\n",
+    ]
+    rows, ratios = [], []
+    for model, by_n in found["results"].items():
+        for n, paths in by_n.items():
+            for path, entry in paths.items():
+                ratios.append(entry["off_over_on"])
+                rows.append(
+                    [
+                        model,
+                        size_label(int(n)),
+                        path,
+                        f"{fmt_ms(entry['on_ms'])} [{entry['on_page_faults_per_call']:,.0f}]",
+                        f"{fmt_ms(entry['off_ms'])} [{entry['off_page_faults_per_call']:,.0f}]",
+                        f"{entry['off_over_on']:.2f}x",
+                    ]
+                )
+    lines += markdown_table(["model", "n", "path", "on", "off", "off / on"], rows, labels=3)
+    if not ratios:
+        return lines
+    faster = sum(ratio > 1 for ratio in ratios)
+    verdict = (
+        "on, the default, is the faster setting here"
+        if statistics.median(ratios) >= 1
+        else "off was faster here: the default should be revisited"
+    )
+    lines.append(
+        f"\n- tuning on faster in {faster} of {len(ratios)} rows (off / on > 1; median "
+        f"{statistics.median(ratios):.2f}x): "
+        + ("not judged, a --quick run (one round at small n)" if quick else verdict)
+    )
     return lines
 
 
@@ -1022,44 +1344,76 @@ def markdown(report: dict[str, Any]) -> str:
         f"{machine['threads']} intra-op thread; malloc tuning "
         f"{'on' if machine['malloc_tuning'] else 'off'} for every path."
     )
+    rounds = report["settings"]["repeats"]
     for device, models in report["results"].items():
         for model, by_n in models.items():
             title = f"{model} on {device}" + (
                 " (N = n/10 nodes, E = n edges)" if model == "gnn" else ""
             )
+            fewer = {
+                size_label(int(n)): min(entry["samples"] for entry in row.values())
+                for n, row in by_n.items()
+                if min(entry["samples"] for entry in row.values()) < rounds
+            }
+            if fewer:
+                title += "; " + ", ".join(
+                    f"n = {n}: {count} rounds, not {rounds}" for n, count in fewer.items()
+                )
+                title += f" (calls over {SLOW_CALL_S:g} s)"
             lines += [f"\n### {title}: median ms per call (ratio to `ideal`)\n"]
             lines += main_table(by_n)
             lines += [f"\n{model} on {device}: min-max ms [page faults per call]\n"]
             lines += spread_table(by_n)
     for device, models in report.get("overhead", {}).items():
         for model, by_n in models.items():
+            check_note = (
+                f"; `{NULL_CALL}` with the index range check off ({INDEX_CHECK_OFF}), while every "
+                f"timed {model} soagen path runs it: see `+ index range check`"
+                if INDEX_CHECKED in next(iter(by_n.values()))
+                else ""
+            )
             lines += [
                 f"\n### Binding layer alone, {model} on {device} (null model, 2-element output; "
                 f"write-back at n separately; `after the model`: each timed right after the "
-                f"model ran, as in a real call)\n"
+                f"model ran, as in a real call{check_note})\n"
             ]
             lines += overhead_table(by_n)
     if report.get("small_calls"):
-        lines.append("\n### Per call at n = 2 (us; `runner alone` = the backend without soagen)\n")
+        lines.append(
+            "\n### Per call at n = 2 (us; `runner alone` = the backend without soagen; each "
+            "checked against the reference first)\n"
+        )
         models = report["small_calls"]
         names = list(dict.fromkeys(name for rows in models.values() for name in rows))
-        lines.append("| path | " + " | ".join(models) + " |")
-        lines.append("|---|" + "---:|" * len(models))
-        for name in names:
-            cells = [
-                f"{rows[name]['median_ms'] * 1e3:.1f}" if name in rows else ""
-                for rows in models.values()
+        rows = [
+            [
+                name,
+                *(
+                    f"{rows[name]['median_ms'] * 1e3:.1f}" if name in rows else ""
+                    for rows in models.values()
+                ),
             ]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            for name in names
+        ]
+        lines += markdown_table(["path", *models], rows)
     memory = report.get("memory", {})
     if memory:
-        lines.append("\n### Peak memory of one call above the resident set (MiB)\n")
+        lines.append(
+            "\n### Peak memory of one call above the resident set (MiB)\n\nEach model in a "
+            "subprocess, malloc handing freed blocks back at once and ONNX Runtime without its "
+            "arena (`enable_cpu_mem_arena=False`), unlike the timed runs: there, malloc and ORT's "
+            "arena keep what a call needed between calls, so a call's peak above the resident "
+            "set before it would read ~0 while that memory stays held. Here each call's peak is "
+            "what the path needs (with an arena, held at least that much).\n"
+        )
         for model, found in memory.items():
             if isinstance(found, str):
                 lines.append(f"- {model}: {found}")
                 continue
             shown = ", ".join(f"{k} {v:,.1f}" for k, v in found.items() if k != "n")
             lines.append(f"- {model} (n = {size_label(int(found['n']))}): {shown}")
+    if "malloc_tuning" in report:
+        lines += malloc_lines(report["malloc_tuning"], report["settings"].get("quick", False))
     generation = report.get("generation", {})
     if generation:
         lines.append("\n### Generation\n")
@@ -1121,7 +1475,7 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
         for model, by_n in models.items():
             sizes = sorted(by_n)
             for name in (
-                "soagen call, null model",
+                NULL_CALL,
                 "naive torch.stack gather",
                 "soagen write-back",
             ):
@@ -1159,7 +1513,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--min-sample-ms", type=float, default=20.0, help="per timed sample")
     parser.add_argument("--max-n", type=float, default=1e7, help="largest n (MLP)")
-    parser.add_argument("--gnn-max-n", type=float, default=1e6, help="largest n (GNN edges)")
+    parser.add_argument(
+        "--gnn-max-n", type=float, default=1e7, help="largest n (GNN edges; default 1e7)"
+    )
     parser.add_argument(
         "--backends",
         default=None,
@@ -1169,10 +1525,18 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-cuda", action="store_true", help="CPU only, even with a GPU")
     parser.add_argument("--no-cpu", action="store_true", help="CUDA only (needs a GPU)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
-    parser.add_argument("--no-malloc-tuning", action="store_true")
+    parser.add_argument(
+        "--no-malloc-tuning", action="store_true", help="run the main tables with malloc untuned"
+    )
+    parser.add_argument(
+        "--no-malloc-comparison", action="store_true", help="skip the malloc tuning on/off section"
+    )
     parser.add_argument("--models", default="mlp,gnn", help="comma-separated: mlp, gnn")
-    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)  # MODEL:N, internal
+    # Internal: the subprocess probes, and what they are handed.
+    parser.add_argument("--memory-probe", help=argparse.SUPPRESS)  # MODEL:N
+    parser.add_argument("--tuning-probe", help=argparse.SUPPRESS)  # MODEL:N,MODEL:N,...
     parser.add_argument("--package", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--onnx", action="append", default=[], help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -1188,7 +1552,14 @@ def build_tools(args: argparse.Namespace, workdir: Path, backends: list[str]) ->
     for entry in args.package:
         key, path = entry.split("=", 1)
         tools.packages[key] = Path(path)
+    for entry in args.onnx:
+        key, path = entry.split("=", 1)
+        tools.onnx[key] = Path(path).read_bytes()
     return tools
+
+
+def probe_backends(args: argparse.Namespace) -> list[str]:
+    return [b for b in (args.backends or "eager").split(",") if b]
 
 
 def run_memory_probe(args: argparse.Namespace) -> int:
@@ -1199,13 +1570,36 @@ def run_memory_probe(args: argparse.Namespace) -> int:
     libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD fixed at 1 MiB: large blocks go back when freed
     libc.mallopt(-1, 1 << 20)  # M_TRIM_THRESHOLD
     model, n_text = args.memory_probe.split(":")
-    backends = [b for b in (args.backends or "eager").split(",") if b]
     with tempfile.TemporaryDirectory(prefix="soagen-bench-memory-") as folder:
-        tools = build_tools(args, Path(folder), backends)
-        if not args.no_onnx:
-            tools.sessions = onnx_sessions(tools.nets, arena=False)
+        tools = build_tools(args, Path(folder), probe_backends(args))
+        tools.ort_arena = False  # see `memory_probe`
         found: dict[str, float] = {"n": float(n_text)}
         found |= memory_probe(model, int(float(n_text)), tools)
+    print(json.dumps(found))
+    return 0
+
+
+def run_tuning_probe(args: argparse.Namespace) -> int:
+    """The `--tuning-probe MODEL:N,...` subprocess: `ideal` and the given soagen backends, each
+    checked, then timed under this process's malloc setting (soagen's tuning, or none with
+    `--no-malloc-tuning`); prints one JSON line of stats by model, n and path."""
+    set_cpu_threads(1, 1)
+    set_malloc_tuning(not args.no_malloc_tuning)
+    backends = probe_backends(args)
+    found: dict[str, dict[str, dict[str, Stats]]] = {}
+    with tempfile.TemporaryDirectory(prefix="soagen-bench-malloc-") as folder:
+        tools = build_tools(args, Path(folder), backends)
+        for size in args.tuning_probe.split(","):
+            model, n_text = size.split(":")
+            case = BUILDERS[model](int(n_text), "cpu", tools)
+            paths: dict[str, Callable[[], object]] = {
+                name: case.paths[name] for name in ("ideal", *map(path_name, backends))
+            }
+            found.setdefault(model, {})[n_text] = time_paths(
+                paths, args.repeats, args.min_sample_ms / 1e3, lambda: None, verifier(case)
+            )
+            del case, paths
+            gc.collect()
     print(json.dumps(found))
     return 0
 
@@ -1214,19 +1608,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     if args.memory_probe:
         return run_memory_probe(args)
+    if args.tuning_probe:
+        return run_tuning_probe(args)
     # Same settings for every path, in this one process: what soagen applies at its first CPU
     # call (one thread; freed memory kept in the heap), set before anything runs.
     set_cpu_threads(1, 1)
     malloc_tuned = set_malloc_tuning(not args.no_malloc_tuning)
     args.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
+    models = [m for m in BUILDERS if m in args.models.split(",")]
     if args.quick:
         sizes, repeats, min_sample_s = [1_000, 4_000], 2, 0.002
         gnn_max_n, memory_n = 4_000.0, {"mlp": 4_000, "gnn": 4_000}
+        # Tiny, so the smoke run exercises it: one round at n = 1e3.
+        malloc_sizes, malloc_rounds, malloc_repeats = [1_000], 1, 2
     else:
         sizes = [10**k for k in range(3, 8) if 10**k <= args.max_n]
         repeats, min_sample_s = args.repeats, args.min_sample_ms / 1e3
         gnn_max_n, memory_n = args.gnn_max_n, {"mlp": 1_000_000, "gnn": 1_000_000}
+        malloc_sizes, malloc_rounds, malloc_repeats = [100_000, 1_000_000], 3, 3
     # Every backend, --quick too: the smoke run checks each path's output, the compiled ones
     # (torch.compile, four AOT packages built by soagen.compile) included.
     backends = args.backends.split(",") if args.backends else list(BACKENDS)
@@ -1239,10 +1639,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         notes.append("no CUDA device here: the CUDA runs and the memcpy count were skipped")
     if gnn_max_n < max(sizes):
-        notes.append(
-            f"GNN sizes stop at E = {size_label(int(gnn_max_n))} edges (--gnn-max-n): larger runs "
-            f"take seconds per call per path here"
-        )
+        notes.append(f"GNN sizes stop at E = {size_label(int(gnn_max_n))} edges (--gnn-max-n)")
+    model_sizes = {
+        model: [n for n in sizes if model != "gnn" or n <= gnn_max_n] for model in models
+    }
 
     workdir = Path(tempfile.mkdtemp(prefix="soagen-bench-models-"))
     tools = build_tools(args, workdir, backends)
@@ -1262,9 +1662,14 @@ def main(argv: list[str] | None = None) -> int:
                     device,
                     AOT_OPTIONS[backend],
                 )
+    onnx_files: dict[str, Path] = {}  # the exported models, for the memory probe's process
     if not args.no_onnx:
         log("exporting both models to ONNX ...")
-        tools.sessions = onnx_sessions(tools.nets)
+        tools.onnx = onnx_models(tools.nets, models)
+        (workdir / "onnx").mkdir()
+        for name, model_bytes in tools.onnx.items():
+            onnx_files[name] = workdir / "onnx" / f"{name.replace(' ', '-')}.onnx"
+            onnx_files[name].write_bytes(model_bytes)
 
     report: dict[str, Any] = {
         "machine": {
@@ -1278,12 +1683,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "settings": {
             "repeats": repeats,
+            "slow_repeats": SLOW_REPEATS,
+            "slow_call_s": SLOW_CALL_S,
+            "memory_margin": MEMORY_MARGIN,
             "min_sample_s": min_sample_s,
             "backends": backends,
             "quick": args.quick,
         },
         "results": {},
         "overhead": {},
+        # Per device, model and n: the run's peak memory (bytes above the resident set before),
+        # and the sizes skipped because their estimate did not fit, with why.
+        "run_memory": {},
+        "skipped": {},
         "notes": notes,
     }
     try:
@@ -1295,34 +1707,53 @@ def main(argv: list[str] | None = None) -> int:
 
     for device in devices:
         synchronize = synchronizer(device)
-        results: dict[str, dict[int, dict[str, Stats]]] = {"mlp": {}, "gnn": {}}
-        overhead: dict[str, dict[int, dict[str, Stats]]] = {"mlp": {}, "gnn": {}}
+        results: dict[str, dict[int, dict[str, Stats]]] = {model: {} for model in models}
+        overhead: dict[str, dict[int, dict[str, Stats]]] = {model: {} for model in models}
+        peaks: dict[str, dict[str, int]] = {model: {} for model in models}
+        skipped: dict[str, dict[str, str]] = {}
         for n in sizes:
-            for model, build in BUILDERS.items():
-                if model not in args.models.split(","):
+            for model in models:
+                if n not in model_sizes[model]:
                     continue
-                if model == "gnn" and n > gnn_max_n:
+                measured = [(int(k), v) for k, v in peaks[model].items()]
+                shortfall = memory_shortfall(device, n, max(measured) if measured else None)
+                if shortfall is not None:
+                    skipped.setdefault(model, {})[str(n)] = shortfall
+                    notes.append(
+                        f"{model} on {device}: n = {size_label(n)} skipped, {shortfall}: "
+                        f"that is where memory ends here"
+                    )
                     continue
                 log(f"{model} n = {size_label(n)} on {device} ...")
-                case = build(n, device, tools)
-
-                def verify(name: str, run: Callable[[], object], case: Case = case) -> None:
-                    check(case, name, run)
-
+                baseline = peak_start(device)
+                case = BUILDERS[model](n, device, tools)
                 results[model][n] = time_paths(
-                    dict(case.paths), repeats, min_sample_s, synchronize, verify
+                    dict(case.paths), repeats, min_sample_s, synchronize, verifier(case)
                 )
+                rounds = min(entry["samples"] for entry in results[model][n].values())
                 overhead[model][n] = time_paths(
                     case.overhead, max(repeats, 5), min_sample_s, synchronize
-                ) | time_after(case.paths["ideal"], case.after_model, synchronize, 0.2 * repeats)
-                if device == "cuda" and n == sizes[-1] or (device == "cuda" and n == gnn_max_n):
+                ) | time_after(
+                    case.paths["ideal"],
+                    case.after_model,
+                    synchronize,
+                    0.2 * repeats,
+                    min_rounds=min(5, rounds),
+                )
+                # The soagen loop's copies do not depend on n: counted once, at n = 1e6 or the
+                # model's largest planned size below it.
+                copy_count_n = max((m for m in model_sizes[model] if m <= 1_000_000), default=n)
+                if device == "cuda" and n == copy_count_n:
                     report.setdefault("cuda_copies", {})[f"{model} n={n}"] = count_copies(
                         case.soagen_calls
                     )
+                peaks[model][str(n)] = peak_since(device, baseline)
                 del case
                 gc.collect()
         report["results"][device] = {model: found for model, found in results.items() if found}
         report["overhead"][device] = {model: found for model, found in overhead.items() if found}
+        report["run_memory"][device] = peaks
+        report["skipped"][device] = skipped
 
     if "cpu" in devices:
         log("per-call cost at n = 2 ...")
@@ -1331,16 +1762,24 @@ def main(argv: list[str] | None = None) -> int:
     report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
     if not args.no_memory and "cpu" in devices:
         report["memory"] = {}
-        cpu_packages = {k: v for k, v in tools.packages.items() if k.split()[1] == "cpu"}
-        for model in [m for m in BUILDERS if m in args.models.split(",")]:
+        for model in models:
             log(f"peak memory of {model} (subprocess) ...")
-            report["memory"][model] = memory_in_subprocess(
-                model,
-                min(memory_n[model], int(gnn_max_n) if model == "gnn" else memory_n[model]),
+            n = min(memory_n[model], max(model_sizes[model], default=memory_n[model]))
+            report["memory"][model] = probe_in_subprocess(
+                "memory probe",
+                ["--memory-probe", f"{model}:{n}"],
                 backends,
-                cpu_packages,
-                onnx=not args.no_onnx and not args.quick,
+                tools.packages,
+                {k: v for k, v in onnx_files.items() if k.split()[0] == model},
             )
+    if not args.no_malloc_comparison and "cpu" in devices:
+        report["malloc_tuning"] = malloc_comparison(
+            [f"{model}:{n}" for model in models for n in malloc_sizes],
+            malloc_rounds,
+            malloc_repeats,
+            min_sample_s * 1e3,
+            tools,
+        )
 
     table = markdown(report)
     print(table)

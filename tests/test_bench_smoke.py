@@ -1,22 +1,69 @@
-"""The model benchmark's smoke run: every path runs and matches the reference (no timing is judged)."""
+"""The model benchmark's smoke run: every path runs and matches the reference (no timing is judged);
+and its output check, which must reject a wrong path before any timing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+import torch
 
 from .helpers import REPO
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
-pytest.importorskip("matplotlib")
+
+def bench_models() -> ModuleType:
+    sys.path.insert(0, str(REPO))
+    return importlib.import_module("benchmarks.bench_models")
+
+
+def test_output_check_rejects_a_wrong_result_and_a_path_that_writes_nothing() -> None:
+    bench = bench_models()
+    reference = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    out = torch.zeros(4, 2)
+    case = bench.Case("mlp", 4, "cpu", reference)
+
+    def right() -> None:
+        out.copy_(reference)
+
+    def silent() -> None:  # writes nothing: `out` holds the right values from an earlier call
+        pass
+
+    def wrong() -> torch.Tensor:
+        return reference + 1
+
+    case.paths = {"right": right, "silent": silent, "wrong": wrong}
+    for name in ("right", "silent"):
+        case.readers[name], case.written[name] = (lambda: out), [out]
+    verify = bench.verifier(case)
+
+    def timed(*names: str) -> dict[str, dict[str, object]]:
+        paths = {name: case.paths[name] for name in names}
+        stats: dict[str, dict[str, object]] = bench.time_paths(paths, 1, 0.0, lambda: None, verify)
+        return stats
+
+    assert timed("right")["right"]["check"] == "passed"
+    # `out` now holds the reference; the check zeroes it first, so writing nothing fails.
+    with pytest.raises(SystemExit, match="path 'silent' is wrong"):
+        timed("right", "silent")
+    with pytest.raises(SystemExit, match="path 'wrong' is wrong"):
+        timed("wrong")
+    # A backend runner's one-element list is unwrapped; an empty one is read back, then judged.
+    bench.check(case, "right", lambda: [reference.clone()])
+    with pytest.raises(SystemExit, match="path 'silent' is wrong"):
+        bench.check(case, "silent", lambda: [])
+    with pytest.raises(SystemExit, match="returned no output"):
+        bench.check(case, "wrong", lambda: None)
 
 
 def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("matplotlib")
     # A subprocess: the benchmark sets process-wide thread counts and malloc options.
     result = subprocess.run(
         [
@@ -39,6 +86,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         "ideal",
         "naive torch.stack",
         "naive np.stack",
+        "naive torch.tensor",
         "soagen eager",
         "soagen torchscript",
         "soagen compile",
@@ -55,9 +103,20 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
             # Each path's output was compared with the reference before it was timed.
             assert {entry["check"] for entry in paths.values()} == {"passed"}, (model, n)
         assert (tmp_path / f"{model}.png").stat().st_size > 0
-        assert "soagen call, null model" in report["overhead"]["cpu"][model]["1000"]
+        overhead = report["overhead"]["cpu"][model]["1000"]
+        assert {"soagen call, null model", "naive torch.tensor gather"} <= set(overhead)
         assert "soagen eager" in report["small_calls"][model]
-        assert isinstance(report["memory"][model], dict), report["memory"][model]
+        assert {e["check"] for e in report["small_calls"][model].values()} == {"passed"}
+        memory = report["memory"][model]
+        assert isinstance(memory, dict), memory
+        assert {"ort copies", "ort io-binding"} <= set(memory)  # ORT probed in --quick too
+        assert report["run_memory"]["cpu"][model]["1000"] > 0  # what the next size's fit scales
+        tuning = report["malloc_tuning"]
+        assert isinstance(tuning, dict), tuning
+        assert set(tuning["results"][model]["1000"]) == {"ideal", "soagen eager", "soagen aot"}
+        for entry in tuning["results"][model]["1000"].values():
+            assert entry["check"] == "passed" and entry["on_ms"] > 0 and entry["off_ms"] > 0
+    assert "soagen call, null model + index range check" in report["overhead"]["cpu"]["gnn"]["1000"]
     assert "soagen torchscript contiguous edge" in cpu["gnn"]["1000"]
     assert (tmp_path / "overhead.png").stat().st_size > 0
     assert set(report["generation"]) == {"mlp.soa", "gnn.soa"}
@@ -65,6 +124,8 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         assert entry["lint_ms"] > 0 and entry["lint_command_ms"] > 0
         assert entry["torch_imported"] is False  # read from the importing interpreter
     assert "| soagen torchscript |" in result.stdout
+    assert "| mlp | 1e3 | soagen eager |" in result.stdout  # the malloc tuning table
+    assert "ONNX Runtime without its arena" in result.stdout
     # Not judged in a smoke run, but the judging itself runs on its numbers.
     assert "not judged: a --quick run" in result.stdout
     judged = subprocess.run(
@@ -83,3 +144,8 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
     for model in ("mlp", "gnn"):
         assert f"- {model}, fastest soagen vs ONNX Runtime: 1e3:" in judged.stdout
         assert f"- {model}, binding layer at n = " in judged.stdout
+        # No n >= 1e5 in a smoke run: the line says so instead of staying empty.
+        assert f"- {model}, fastest soagen vs ideal (n >= 1e5): not judged (" in judged.stdout
+    assert "the target's n = 1e7 did not run" in judged.stdout
+    assert 'index range check off (`index_bounds={"edge_index": None}`)' in judged.stdout
+    assert "- gnn, binding layer with the index range check" in judged.stdout
