@@ -1453,6 +1453,20 @@ def _save_log_log(figure: Any, axes: Any, xlabel: str, ylabel: str, title: str, 
     return path
 
 
+# Line style per family of paths (more paths than a palette has colours): the ideal in black,
+# soagen's solid, naive gathers dashed, ONNX Runtime dotted; markers tell members apart.
+_FAMILIES = (("ideal", "-"), ("soagen", "-"), ("naive", "--"), ("ort", ":"))
+_MARKERS = "os^vD<>p*hX"
+
+
+def _style(path: str, index: int) -> dict[str, Any]:
+    linestyle = next((line for prefix, line in _FAMILIES if path.startswith(prefix)), "-.")
+    style: dict[str, Any] = {"linestyle": linestyle, "marker": _MARKERS[index % len(_MARKERS)]}
+    if path == "ideal":
+        style |= {"color": "black", "linewidth": 2.5}
+    return style
+
+
 def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     import matplotlib
 
@@ -1464,9 +1478,11 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
         for model, by_n in models.items():
             sizes = sorted(by_n)
             figure, axes = plt.subplots(figsize=(8, 5))
-            for path in by_n[sizes[0]]:
+            for index, path in enumerate(by_n[sizes[0]]):
                 xs = [n for n in sizes if path in by_n[n]]
-                axes.plot(xs, [by_n[n][path]["median_ms"] for n in xs], marker="o", label=path)
+                axes.plot(
+                    xs, [by_n[n][path]["median_ms"] for n in xs], label=path, **_style(path, index)
+                )
             path = folder / (f"{model}.png" if device == "cpu" else f"{model}-{device}.png")
             labels = ("n (elements; GNN: edges)", "ms per call (median)", f"{model} on {device}")
             written.append(_save_log_log(figure, axes, *labels, path))
