@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from soagen.runtime.model import BindingError, InputModifiedError, OutputError
+from soagen.runtime.model import BindingError, IndexRangeError, InputModifiedError, OutputError
 
 from .helpers import generate_package, import_generated
 
@@ -658,3 +658,40 @@ def test_a_read_only_output_is_refused(mlp_module) -> None:  # type: ignore[no-u
         ):
             mlp_module.Mlp(Linear32())(points, out=out)
     assert not memory.any()
+
+
+def test_inputs_of_memory_whose_storage_starts_off_the_item_size_are_read_in_place() -> None:
+    """A buffer aligned for its layout inside memory whose storage starts at an odd address (a
+    slice of a bytearray, say) is seen through typed views of a re-imported storage: the tensors a
+    model gets must count their offsets from that storage, not the buffer's."""
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    class FirstNodeColumnOfEachSource(nn.Module):
+        def forward(
+            self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+        ) -> torch.Tensor:
+            return nodes[index[0], 0] + features[:, 0]
+
+    n = 8
+    memory = torch.frombuffer(bytearray(Nodes.byte_size(n) + 512), dtype=torch.uint8, offset=3)
+    start = -memory.data_ptr() % Nodes.ALIGNMENT
+    nodes = Nodes.wrap(memory[start : start + Nodes.byte_size(n)], n, exact=True)
+    nodes.x.copy_(torch.arange(n) + 10.0)
+    edges = Edges.allocate(n, zero=True)
+    edges.src.copy_(torch.arange(n).flip(0))
+    scores = EdgeScores.allocate(n)
+    seen: list[int] = []
+
+    class Records(FirstNodeColumnOfEachSource):
+        def forward(
+            self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+        ) -> torch.Tensor:
+            seen.append(nodes.data_ptr())
+            return super().forward(nodes, index, features)
+
+    EdgeClassifier(Records())(nodes, edges, out=scores)
+    assert seen == [nodes.block("node_features").data_ptr()]
+    assert scores.score.tolist() == (torch.arange(n).flip(0) + 10.0).tolist()
+    edges.src[0] = n  # one past the nodes: the range check reads the real indices too
+    with pytest.raises(IndexRangeError, match=r"values 0\.\.8"):
+        EdgeClassifier(Records())(nodes, edges, out=scores)

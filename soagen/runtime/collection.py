@@ -71,13 +71,12 @@ _VIEW_CACHE_SIZE = 256
 class _Memory:
     """One buffer and what is derived from it, shared by a collection and all its slices."""
 
-    __slots__ = ("buffer", "host", "numpy_cache", "read_only", "storage", "torch_views", "typed")
+    __slots__ = ("buffer", "host", "numpy_cache", "read_only", "torch_views", "typed")
 
     def __init__(
         self, buffer: torch.Tensor, read_only: bool, torch_views: bool, host: object = None
     ):
         self.buffer = buffer  # 1-D uint8, exactly byte_size(capacity) bytes
-        self.storage = buffer.untyped_storage()  # made once: each call of it makes a new object
         self.read_only = read_only
         self.torch_views = torch_views
         self.host = host  # NumPy array or memoryview over the same bytes, for read-only NumPy views
@@ -460,12 +459,17 @@ class Collection:
         bindings hand these to models, so that a write is pinned on the input that took it even
         while other threads fill other members. Inside `torch.inference_mode()`, where new tensors
         keep no version counter, it is `block(block)`."""
+        import torch
+
         try:
             base, shape, strides, offset = self._blocks[block]
         except KeyError:
             base, shape, strides, offset = self._resolve_block(block)
-        own = base.new_empty(0).set_(self._memory.storage, offset, shape, strides)
-        return base.as_strided(shape, strides, offset) if own.is_inference() else own
+        if torch.is_inference_mode_enabled():
+            return base.as_strided(shape, strides, offset)
+        # The typed base's own storage: its offsets count from there, and it is not always the
+        # buffer's (`typed_view` re-imports memory whose storage starts off the item size).
+        return base.new_empty(0).set_(base.untyped_storage(), offset, shape, strides)
 
     def view(self, view: StridedView, *, element_axis: int | None = None) -> torch.Tensor:
         """Materialize any geometry of this buffer, computed for `capacity` elements.
