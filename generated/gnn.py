@@ -352,8 +352,8 @@ class EdgeClassifier(_soagen.ModelBinding):
         output edge_scores: EdgeScores{score} as [n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: run in aligned slices of at most this many elements (every
-        collection of the call must then have the same size).
+        `batch_size`: refused: the index input(s) edge_index count from
+        the start of whole collections, which a slice would misread.
         """
         self.run(
             {

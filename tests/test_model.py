@@ -238,13 +238,10 @@ def test_a_failing_slice_writes_no_output(mlp_module) -> None:  # type: ignore[n
     torch.testing.assert_close(scores.b, points.y + 1)
 
 
-def test_batch_size_needs_equal_sizes() -> None:
-    from examples.gnn_model import build_model
-    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
-
+def test_batch_size_needs_equal_sizes(mlp_module) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BindingError, match="same size"):
-        EdgeClassifier(build_model())(
-            Nodes.allocate(4), Edges.allocate(6), out=EdgeScores.allocate(6), batch_size=2
+        mlp_module.Mlp(Linear32())(
+            _points(mlp_module, 4), out=mlp_module.Scores.allocate(6), batch_size=2
         )
 
 
@@ -631,7 +628,9 @@ def test_batch_size_refuses_index_inputs(mlp_module) -> None:  # type: ignore[no
         with pytest.raises(BindingError, match=r"batch_size: Neighbours's input\(s\) 'neighbour'"):
             model(points, out=scores, batch_size=100)
         assert not scores.a.any() and not scores.b.any()
-    model(points, out=scores, batch_size=1000)  # one slice: the whole collections
+        # Refused whatever the size, one slice too: a call site must not break on larger events.
+        with pytest.raises(BindingError, match=r"batch_size: Neighbours's input\(s\) 'neighbour'"):
+            model(points, out=scores, batch_size=1000)
     model(points, out=scores)
     features = points.block("points")
     torch.testing.assert_close(scores.a, features[:, 0].flip(0) - features[:, 0])

@@ -452,12 +452,19 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         )
         # The binding's `///` doc, indented under its line as a member's doc follows its summary.
         bound += [f"{INDENT}{line}" for line in (b.doc.split("\n") if b.doc else [])]
+    indexed = [b.name for b in model.bindings if b.indexes is not None]
+    batching = (
+        f"`batch_size`: refused: the index input(s) {', '.join(indexed)} count from\n"
+        "the start of whole collections, which a slice would misread."
+        if indexed
+        else "`batch_size`: run in aligned slices of at most this many elements (every\n"
+        "collection of the call must then have the same size)."
+    )
     doc = (
         f"Run {model.name} on zero-copy views of the inputs; write its outputs into `out`.\n\n"
         + "\n".join(bound)
         + "\n\n`stream`: a CUDA stream instead of the current one.\n"
-        "`batch_size`: run in aligned slices of at most this many elements (every\n"
-        "collection of the call must then have the same size)."
+        + batching
     )
     lines.append(docstring(doc, body))
     lines += unpack

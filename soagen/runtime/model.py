@@ -300,6 +300,13 @@ class ModelBinding:
         if stream is None and batch_size is None:
             self._run_once(inputs, outputs, device)  # the common call, without a context manager
             return
+        if batch_size is not None and self._index_inputs:
+            # Refused whatever the event's size, not only once it needs more than one slice.
+            raise BindingError(
+                f"batch_size: {cls.NAME}'s input(s) {', '.join(map(repr, self._index_inputs))} "
+                f"hold indices counted from the start of whole collections, which a slice would "
+                f"misread; run it without batch_size"
+            )
         with _on_stream(stream, device):
             if batch_size is None:
                 self._run_once(inputs, outputs, device)
@@ -308,13 +315,6 @@ class ModelBinding:
             if len(slices) <= 1:
                 self._run_once(inputs, outputs, device)
                 return
-            if self._index_inputs:
-                raise BindingError(
-                    f"batch_size: {cls.NAME}'s input(s) {', '.join(map(repr, self._index_inputs))} "
-                    f"hold indices counted from the start of whole collections, which a slice "
-                    f"of {slices[0][1] - slices[0][0]} elements would misread; run it without "
-                    f"batch_size"
-                )
             # Slices write into scratch collections, and the output blocks take their results once
             # every slice has run: a slice that fails leaves the outputs as they were.
             scratch = {id(c): type(c).allocate(c.size, device) for c in outputs.values()}
