@@ -207,7 +207,7 @@ def _build_package(
         "writes_inputs": writes_inputs,
         "input_geometry": _input_geometry(exported),
         "example_sizes": sizes,
-        "cpu_flags": instruction_sets() if device.type == "cpu" else None,
+        "cpu_flags": native_instruction_sets(),
     }
     target.parent.mkdir(parents=True, exist_ok=True)
     # Compiled next to the target and moved into place once checked: no half-written package.
@@ -364,6 +364,17 @@ def _export(
             f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
             f"({describe_inputs(binding, inputs[: len(binding.INPUTS)])}): {_torch_error(error)}"
         ) from error
+
+
+def native_instruction_sets() -> list[str] | None:
+    """This CPU's instruction-set extensions where AOTInductor builds the package's C++ (a CUDA
+    package's host code too) with `-march=native`, its default; None where
+    `TORCHINDUCTOR_CPP_MARCH` (`config.cpp.march`) names a target, which the builder then chose."""
+    from torch._inductor import config
+
+    if getattr(config.cpp, "march", None) is not None:
+        return None
+    return instruction_sets()
 
 
 def _input_geometry(exported: torch.export.ExportedProgram) -> list[dict[str, list[str]]]:

@@ -737,6 +737,20 @@ def test_load_refuses_a_package_built_on_a_cpu_with_extensions_this_one_lacks(
     gnn.EdgeClassifier.load(newer)
 
 
+def test_only_native_builds_record_the_cpus_extensions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package built for a named target (`TORCHINDUCTOR_CPP_MARCH=x86-64-v3`) is meant to run
+    on other CPUs than this one: its load is not held to this CPU's extensions."""
+    from torch._inductor import config
+
+    from soagen.compile import native_instruction_sets
+    from soagen.runtime.aot import instruction_sets
+
+    monkeypatch.setattr(config.cpp, "march", None)
+    assert native_instruction_sets() == instruction_sets()
+    monkeypatch.setattr(config.cpp, "march", "x86-64-v3")
+    assert native_instruction_sets() is None
+
+
 def test_package_for_another_device_refuses_to_run_here(
     gnn: ModuleType, gnn_package: Path, tmp_path: Path
 ) -> None:
