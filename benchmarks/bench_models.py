@@ -413,14 +413,8 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
 
         return run
 
-    case.paths |= {
-        "ideal": ideal,
-        "naive torch.stack": naive_torch,
-        "naive np.stack": naive_host(gather_numpy),
-        "naive torch.tensor": naive_host(gather_tensor),
-    }
-    for name in ("naive np.stack", "naive torch.tensor"):
-        case.readers[name], case.written[name] = host_written, [host_scores.buffer]
+    host_paths = {"naive np.stack": gather_numpy, "naive torch.tensor": gather_tensor}
+    add_reference_paths(case, ideal, naive_torch, host_paths, naive_host, host_written, host_scores)
     variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
     # On a GPU the first GEMM over the column-major [n, 4] view (K = 4) cost the H100 run most of
     # eager's 1.10-1.15x at n >= 1e6: one row-major copy per call is the trade to measure. (On
@@ -466,7 +460,8 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     null_output(case, tiny_out, "scores")
     score_block = scores.block("scores")
     case.overhead = {
-        "soagen input views": lambda: hits.block("features"),
+        # What a call hands the model: the block with a version counter of its own.
+        "soagen input views": lambda: hits._block_with_own_version("features"),
         NULL_CALL: lambda: null(hits, out=tiny_out),
         "soagen write-back": lambda: copy_values(score_block, null_result),
         "naive torch.stack gather": lambda: torch.stack(columns, dim=1).to(device),
@@ -556,15 +551,10 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
 
         return run
 
-    case.paths |= {
-        "ideal": ideal,
-        "naive torch.stack": naive_torch,
-        "naive np.stack": naive_host(gather_numpy),
-        "naive torch.tensor": naive_host(gather_tensor),
-    }
-    for name in ("naive np.stack", "naive torch.tensor"):
-        case.readers[name] = lambda: host_scores.score
-        case.written[name] = [host_scores.buffer]
+    host_paths = {"naive np.stack": gather_numpy, "naive torch.tensor": gather_tensor}
+    add_reference_paths(
+        case, ideal, naive_torch, host_paths, naive_host, lambda: host_scores.score, host_scores
+    )
     variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
     # The model's torch.cat of its [E, 32] node rows with the [E, 2] edge features makes the whole
     # call ~11% slower at E = 1e5 when those are the column-major view; one contiguous copy of
@@ -628,7 +618,7 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
     score_block = scores.block("edge_scores")
     blocks = [(nodes, "node_features"), (edges, "edge_index"), (edges, "edge_features")]
     case.overhead = {
-        "soagen input views": lambda: [c.block(name) for c, name in blocks],
+        "soagen input views": lambda: [c._block_with_own_version(name) for c, name in blocks],
         NULL_CALL: lambda: null(nodes, edges, out=tiny_out),
         INDEX_CHECKED: lambda: null_checked(nodes, edges, out=tiny_out),
         "soagen write-back": lambda: copy_values(score_block, null_result),
@@ -642,6 +632,23 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
 
 
 BUILDERS: dict[str, Callable[[int, str, Tools], Case]] = {"mlp": mlp_case, "gnn": gnn_case}
+
+
+def add_reference_paths(
+    case: Case,
+    ideal: Run,
+    naive_torch: Run,
+    host_gathers: dict[str, Callable[[], Any]],
+    naive_host: Callable[[Callable[[], Any]], Run],
+    read_host: Callable[[], torch.Tensor],
+    host_outputs: Any,
+) -> None:
+    """The ideal and the naive paths of a case: `naive torch.stack` writes the case's output
+    columns, the NumPy gathers (`naive_host` of each) a host copy of them, `host_outputs`."""
+    case.paths |= {"ideal": ideal, "naive torch.stack": naive_torch}
+    for name, gather in host_gathers.items():
+        case.paths[name] = naive_host(gather)
+        case.readers[name], case.written[name] = read_host, [host_outputs.buffer]
 
 
 def null_output(case: Case, out: Any, block: str) -> None:
