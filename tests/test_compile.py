@@ -737,18 +737,21 @@ def test_load_refuses_a_package_built_on_a_cpu_with_extensions_this_one_lacks(
     gnn.EdgeClassifier.load(newer)
 
 
-def test_only_native_builds_record_the_cpus_extensions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_native_builds_record_the_cpus_extensions() -> None:
     """A package built for a named target (`TORCHINDUCTOR_CPP_MARCH=x86-64-v3`) is meant to run
-    on other CPUs than this one: its load is not held to this CPU's extensions."""
+    on other CPUs than this one: its load is not held to this CPU's extensions. (Inductor's own
+    `config.patch`: its config objects do not survive monkeypatch's undo.)"""
     from torch._inductor import config
 
     from soagen.compile import native_instruction_sets
     from soagen.runtime.aot import instruction_sets
 
-    monkeypatch.setattr(config.cpp, "march", None)
-    assert native_instruction_sets() == instruction_sets()
-    monkeypatch.setattr(config.cpp, "march", "x86-64-v3")
-    assert native_instruction_sets() is None
+    before = config.cpp.march
+    with config.patch({"cpp.march": None}):
+        assert native_instruction_sets() == instruction_sets()
+    with config.patch({"cpp.march": "x86-64-v3"}):
+        assert native_instruction_sets() is None
+    assert config.cpp.march == before  # put back for the package compiles of later tests
 
 
 def test_package_for_another_device_refuses_to_run_here(
