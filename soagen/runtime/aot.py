@@ -200,7 +200,8 @@ _INSTRUCTION_SETS = frozenset(
 
 def instruction_sets() -> list[str] | None:
     """This CPU's instruction-set extensions by their /proc/cpuinfo flags, sorted; None where
-    Linux does not list x86 flags. `soagen compile` records them in CPU packages."""
+    Linux does not list x86 flags. `soagen compile` records them in packages built with
+    `-march=native`."""
     flags = cpu_flags()
     if flags is None:
         return None
@@ -212,11 +213,13 @@ def instruction_sets() -> list[str] | None:
 
 
 def check_instruction_sets(path: Path, built_with: object) -> None:
-    """Refuse a CPU package on a CPU that lacks an extension of the CPU it was compiled on
-    (`built_with`, recorded by `soagen compile`): its code may use any of them."""
+    """Refuse a package on a CPU that lacks an extension of the CPU it was compiled on
+    (`built_with`, recorded by `soagen compile`): its C++ may use any of them."""
     flags = cpu_flags()
     if not isinstance(built_with, list) or flags is None:
-        return  # not recorded (a GPU package, another architecture), or not readable here
+        # Not recorded (built for a named target, by soagen 0.2.0, on another architecture), or
+        # this CPU's flags are not readable here.
+        return
     missing = [flag for flag in built_with if flag not in flags]
     if missing:
         raise ModelLoadError(

@@ -1,10 +1,10 @@
 """Backends: what runs a model on its input tensors, placed on each device at its first call there.
 
 An `nn.Module` runs in eval mode, put there when it is bound; a call while it is back in training
-mode is refused. One backend object serves every device: `on(device)` builds the runner for a device once (a copy of
-the module on that device, a TorchScript file loaded with `map_location`, a compiled module, an
-AOTInductor package loaded for that device), caches it, and hands the same runner to every later
-call, from any thread. Runners take the input tensors in schema order and return what the model
+mode is refused. One backend object serves every device: `on(device)` builds the runner for a device
+once (a copy of the module on that device, a TorchScript file loaded with `map_location`, a compiled
+module, an AOTInductor package loaded for that device), caches it, and hands the same runner to
+every later call, from any thread. Runners take the input tensors in schema order and return what the model
 returns; `soagen.runtime.model` checks that before anything is written.
 
 | kind        | model given as                              | runs                                  |
