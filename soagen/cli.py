@@ -96,6 +96,16 @@ def add_factory_argument(parser: argparse._ActionsContainer, *, required: bool =
     )
 
 
+def add_examples_argument(parser: argparse._ActionsContainer, *, when: str = "") -> None:
+    parser.add_argument(
+        "--examples",
+        metavar="FILE.py:FUNCTION",
+        help=f"{when}a function that fills the example collections the model is checked on "
+        "(a dict of layout name -> collection, sizes chosen by soagen) in place with realistic "
+        "values (default: random normal floats, indices in range, other integers 0)",
+    )
+
+
 def add_columnwise_argument(parser: argparse.ArgumentParser, *, when: str = "") -> None:
     parser.add_argument(
         "--columnwise",
@@ -304,6 +314,7 @@ def _parser() -> argparse.ArgumentParser:
         checked="before each run",
         default="the schema's `indexes` clauses and the factory module's INDEX_BOUNDS",
     )
+    add_examples_argument(compile_)
     add_columnwise_argument(compile_)
     add_write_outputs_argument(compile_)
 
@@ -675,6 +686,7 @@ def cmd_compile(args: argparse.Namespace, output: _Output) -> int:
             index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None,
             columnwise=args.columnwise,
             write_outputs=args.write_outputs,
+            examples=args.examples,
             progress=progress,
         )
     except CommandError as error:

@@ -45,17 +45,21 @@ from soagen.dtypes import INTEGER_DTYPES
 from soagen.errors import CommandError
 from soagen.modelbuild import (
     EXAMPLE_MULTIPLE,
+    ExampleFill,
     SchemaOrder,
     build_model,
     check_agreement,
     check_eager,
+    check_finite,
     describe_inputs,
     example_inputs,
     example_sizes,
     forget_generated_modules,
     generated_binding,
+    load_examples,
     resolve_index_bounds,
     run_on_copies,
+    same_n_groups,
     torch_device,
     trial_sizes,
 )
@@ -89,6 +93,7 @@ def compile_model(
     index_bounds: Mapping[str, str] | None = None,
     columnwise: bool = False,
     write_outputs: bool = False,
+    examples: str | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Build `factory()` ("path/to/file.py:function"), export it for binding `model_name` of the
@@ -101,7 +106,9 @@ def compile_model(
     `write_outputs` exports `forward(*inputs, *outputs)` copying each result into its output
     block inside the graph, so Inductor stores the last values straight into the output columns:
     no result tensors, no write-back copy (`soagen serve`, which has no output blocks, refuses such
-    packages). Raises `SchemaError` for schema errors and `CommandError` for everything else: a
+    packages). `examples` ("path/to/file.py:function") fills the example collections the model
+    is exported and checked on with realistic values (`soagen.modelbuild.ExampleFill`). Raises
+    `SchemaError` for schema errors and `CommandError` for everything else: a
     `CompileError`, or the `soagen.modelbuild` helpers' own (a factory that fails, say). Prints
     nothing: `progress` receives one line per stage.
     """
@@ -115,6 +122,7 @@ def compile_model(
     if blocking is not None and not blocking.is_dir():
         raise CompileError(f"--output {target}: {blocking} is a file, not a folder", usage=True)
     target_device = torch_device(device)
+    fill = None if examples is None else load_examples(examples)
     stages = _Stages(progress or (lambda line: None))
     with tempfile.TemporaryDirectory(prefix="soagen-compile-") as workdir:
         with stages.stage(f"loading schema {Path(schema_path).as_posix()}"):
@@ -129,6 +137,7 @@ def compile_model(
                 _Variant(columnwise, write_outputs),
                 target,
                 stages,
+                fill,
             )
         finally:
             forget_generated_modules(binding)
@@ -153,6 +162,7 @@ def _build_package(
     variant: _Variant,
     target: Path,
     stages: _Stages,
+    fill: ExampleFill | None,
 ) -> None:
     with stages.stage(f"building model ({factory})"):
         model, module = build_model(factory, device)
@@ -168,8 +178,9 @@ def _build_package(
     reference = SchemaOrder(model, binding)
     with stages.stage("exporting with dynamic element counts (torch.export)"):
         sizes = example_sizes(binding, layouts)
-        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0)
+        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill)
         results, written = check_eager(binding, reference, inputs)
+        check_finite(binding, results, sizes)
         wrapped: torch.nn.Module = reference
         if layers is not None:
             wrapped = SchemaOrder(layers[0], binding)
@@ -216,7 +227,7 @@ def _build_package(
         with stages.stage(f"compiling with AOTInductor for {device.type}"):
             _compile(exported, staging, metadata)
         with stages.stage("checking the package against the eager model"):
-            _verify(binding, layouts, reference, staging, sizes, bounds, device)
+            _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
         with stages.stage(f"packaging {target.as_posix()}"):
             os.replace(staging, target)
     finally:
@@ -433,13 +444,14 @@ def _verify(
     example: Mapping[str, int],
     bounds: Mapping[str, str],
     device: torch.device,
+    fill: ExampleFill | None,
 ) -> None:
     """Load the package as users will and compare it with the eager model at several sizes,
     different per layout, which catches a size or stride the export fixed by mistake."""
     backend = AotBackend(package, binding)
     runner = backend.on(device)
-    for seed, sizes in enumerate(trial_sizes(example), start=1):
-        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed)
+    for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
+        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
         try:
             expected, _ = run_on_copies(model, inputs)
         except Exception:

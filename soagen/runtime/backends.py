@@ -23,11 +23,13 @@ import io
 import os
 import threading
 import typing
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from soagen.runtime.errors import ModelLoadError
+from soagen.runtime.errors import CompiledModelMismatchError, ModelLoadError
 
 if typing.TYPE_CHECKING:
     import torch
@@ -135,52 +137,199 @@ class TorchScriptBackend(Backend):
 
 
 class CompileBackend(Backend):
-    """`torch.compile`: the first call on each device compiles (seconds), later calls reuse it."""
+    """`torch.compile`: the first call on each device compiles (seconds), later calls reuse it.
+
+    Each call that compiles a new graph (the first, and every recompile: a new pattern of sizes or
+    strides) runs the eager module on the same inputs too and compares every output, once per
+    graph: a disagreement raises `CompiledModelMismatchError`, naming the output, the element
+    counts and the difference, before anything is written; with `fallback_to_eager` it warns once
+    and runs that device eagerly from then on. `graphs` records each compile and why it happened.
+    """
 
     kind = "compile"
 
     def __init__(
-        self, module: torch.nn.Module, options: Mapping[str, object] | None = None
+        self,
+        module: torch.nn.Module,
+        options: Mapping[str, object] | None = None,
+        *,
+        binding: type[ModelBinding] | None = None,
+        fallback_to_eager: bool = False,
     ) -> None:
         super().__init__(type(module).__name__)
         self.module = _for_inference(module)
         # dynamic=True: element counts (and the strides that follow them) vary from call to call.
         self.options: dict[str, object] = {"dynamic": True, **(options or {})}
+        self.binding = binding
+        self.fallback_to_eager = fallback_to_eager
+        self._graphs: list[CompiledGraph] = []
+        self._failures_seen: dict[object, int] = {}
+
+    @property
+    def graphs(self) -> tuple[CompiledGraph, ...]:
+        """Every compile that calls through this backend started, in order."""
+        with self._lock:
+            return tuple(self._graphs)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} backend: {self.description}; {len(self.graphs)} graph(s) compiled>"
 
     def place(self, device: torch.device) -> Runner:
         import torch
 
         _install_general_shapes()
-        compiled = torch.compile(_module_on(self.module, device), **self.options)  # type: ignore[call-overload]
+        module = _module_on(self.module, device)
+        compiled = torch.compile(module, **self.options)  # type: ignore[call-overload]
         first_call = threading.Lock()
         warm = threading.Event()
+        eager_from_now = threading.Event()
+        self._note_failures()
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
+            if eager_from_now.is_set():
+                return module(*inputs)
             outermost = not _general_shapes.wanted
             _general_shapes.wanted = True
             try:
+                before = _graph_count()
                 # Threads must not trace the same function at once: the first call compiles alone.
                 if not warm.is_set():
                     with first_call:
                         result = compiled(*inputs)
                         warm.set()
-                        return result
-                return compiled(*inputs)
+                else:
+                    result = compiled(*inputs)
             finally:
                 if outermost:
                     _general_shapes.wanted = False
                     # Dynamo's end callback may have run in another thread (see below).
                     _restore_shapes()
+            if _graph_count() != before:  # another thread's compile may count too: checked twice
+                self._record(device, inputs, _graph_count() - before)
+                reference = module(*inputs)
+                try:
+                    self._check(inputs, result, reference)
+                except CompiledModelMismatchError as error:
+                    if not self.fallback_to_eager:
+                        raise
+                    eager_from_now.set()
+                    warnings.warn(
+                        f"{error}; running eagerly on {device} from now on",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    return reference
+            return result
 
         return _in_eval_mode(self.module, run)
+
+    def _record(self, device: torch.device, inputs: Sequence[torch.Tensor], count: int) -> None:
+        geometry = tuple(
+            (name, tuple(tensor.shape), tuple(tensor.stride()))
+            for name, tensor in zip(self._input_names(len(inputs)), inputs, strict=True)
+        )
+        with self._lock:
+            reasons = self._note_failures()
+            self._graphs.append(CompiledGraph(str(device), count, geometry, reasons))
+
+    def _note_failures(self) -> tuple[str, ...]:
+        """Dynamo's guard failures (why a graph no longer served a call) added since last asked."""
+        try:
+            from torch._dynamo.utils import guard_failures
+        except ImportError:  # another torch: compiles are still counted, without reasons
+            return ()
+        reasons: list[str] = []
+        for code, failures in list(guard_failures.items()):
+            seen = self._failures_seen.get(code, 0)
+            reasons += [str(failure).strip() for failure in failures[seen:]]
+            self._failures_seen[code] = len(failures)
+        return tuple(reasons)
+
+    def _input_names(self, count: int) -> list[str]:
+        if self.binding is None:
+            return [f"input {i}" for i in range(count)]
+        return [spec.name for spec in self.binding.INPUTS]
+
+    def _check(self, inputs: Sequence[torch.Tensor], result: object, reference: object) -> None:
+        """The new graph's results must agree with the eager module's on the same inputs."""
+        from soagen.runtime.agreement import Disagreement, first_disagreement
+
+        if self.binding is None:
+            actual, expected = _as_tensors(result), _as_tensors(reference)
+            labels = [f"output {i}" for i in range(len(expected))]
+        else:
+            from soagen.runtime.model import outputs_in_schema_order
+
+            labels = [spec.name for spec in self.binding.OUTPUTS]
+            actual = outputs_in_schema_order(self.binding, result)
+            expected = outputs_in_schema_order(self.binding, reference)
+        found = (
+            first_disagreement(labels, actual, expected)
+            if len(actual) == len(expected)
+            else Disagreement(
+                "*", f"{len(actual)} tensors returned, the eager model {len(expected)}"
+            )
+        )
+        if found is None:
+            return
+        name = self.binding.NAME if self.binding is not None else self.description
+        raise CompiledModelMismatchError(
+            f"{name}: the graph torch.compile made for this call disagrees with the eager model "
+            f"on output {found.output!r} at {_element_counts(self.binding, inputs)}: "
+            f"{found.detail}; nothing was written. Run it with backend='eager' (or 'torchscript', "
+            f"or an AOT package, which `soagen compile` checks), or pass fallback_to_eager=True"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGraph:
+    """One compile a `CompileBackend` call started: on which device, how many graphs Dynamo made
+    (several where the model breaks its graph), the inputs' (name, shape, strides) that call had,
+    and Dynamo's reasons why the graphs compiled before did not serve it (none for the first)."""
+
+    device: str
+    graphs: int
+    inputs: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+    reasons: tuple[str, ...]
+
+
+def _graph_count() -> int:
+    """Graphs Dynamo has compiled in this process (every thread, every model)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _as_tensors(result: object) -> list[torch.Tensor]:
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, Mapping):
+        return [value for _, value in sorted(result.items()) if isinstance(value, torch.Tensor)]
+    if isinstance(result, (tuple, list)):
+        return [value for value in result if isinstance(value, torch.Tensor)]
+    return []
+
+
+def _element_counts(binding: type[ModelBinding] | None, inputs: Sequence[torch.Tensor]) -> str:
+    """`name n=N, ...` for each input with an element axis (shapes without a binding)."""
+    if binding is None:
+        return ", ".join(f"input {i} {list(t.shape)}" for i, t in enumerate(inputs))
+    counts = [
+        f"{spec.name} n={tensor.shape[spec.block.axes.index('n')]}"
+        for spec, tensor in zip(binding.INPUTS, inputs, strict=True)
+        if "n" in spec.block.axes
+    ]
+    return ", ".join(counts) or "no element axis"
 
 
 class _GeneralShapes(threading.local):
     """Whether this thread is inside a `CompileBackend` call (so a compile it starts is ours), and
-    the shape settings that compile replaced."""
+    the duck-shaping setting that compile replaced."""
 
     wanted = False
-    replaced: tuple[bool, bool] | None = None
+    replaced: bool | None = None
 
 
 _general_shapes = _GeneralShapes()
@@ -189,23 +338,22 @@ _general_shapes_lock = threading.Lock()
 
 
 def _install_general_shapes() -> None:
-    """Make every Dynamo compile started from a `CompileBackend` call trace shapes generally.
+    """Make every Dynamo compile started from a `CompileBackend` call trace without duck shaping.
 
-    By default Dynamo gives sizes and strides that happen to be equal one symbol ("duck shaping") and
-    specializes counts of 0 and 1. SoA views meet both by chance: a pitch equals n whenever n is a
-    multiple of the alignment over the itemsize, pitches of two layouts coincide, a collection holds
-    one element. Each such pattern compiled a graph of its own: 8 graphs in 40 events of varied
-    sizes (the example GNN), torch's `recompile_limit`, after which new patterns ran eagerly. With
-    duck shaping off and size-oblivious 0/1 the same events compile one graph (two when the first
-    event's pitch equals its n, which ties them in the first graph).
+    By default Dynamo gives sizes and strides that happen to be equal one symbol ("duck shaping").
+    SoA views meet it by chance: a pitch equals n whenever n is a multiple of the alignment over the
+    itemsize, pitches of two layouts coincide. Each such pattern compiled a graph of its own, up to
+    torch's `recompile_limit`, after which new patterns ran eagerly. Without duck shaping, sizes
+    keep symbols of their own. (Counts of 0 and 1 stay specialized: `backed_size_oblivious`, which
+    would spare the n = 1 graph, made Inductor miscompile a real transformer.)
 
-    The settings (per thread in torch 2.13) must not reach the user's own compiles in the same
-    thread, and setting them around every call costs 7-21 us, so they are set by Dynamo's compile
+    The setting (per thread in torch 2.13) must not reach the user's own compiles in the same
+    thread, and setting it around every call costs 7-21 us, so it is set by Dynamo's compile
     start callback, which runs in the compiling thread, when a thread-local flag says the compile
     comes from a soagen call, and put back by the end callback. Dynamo counts compiles in flight
     across threads and runs the callbacks only on the first start and the last end, so the end may
     run in another thread (a lazy backward compile there, say): the outermost soagen call puts the
-    settings back too. When another thread's compile is in flight as ours starts, ours traces with
+    setting back too. When another thread's compile is in flight as ours starts, ours traces with
     Dynamo's defaults: more graphs, nothing wrong. Calls pay a flag set and reset (~0.2 us).
     """
     global _general_shapes_installed
@@ -221,21 +369,20 @@ def _install_general_shapes() -> None:
 
     def start(_: object) -> None:
         if _general_shapes.wanted and _general_shapes.replaced is None:
-            _general_shapes.replaced = (fx_config.use_duck_shape, fx_config.backed_size_oblivious)
+            _general_shapes.replaced = fx_config.use_duck_shape
             fx_config.use_duck_shape = False
-            fx_config.backed_size_oblivious = True
 
     handler.register_start_callback(start)
     handler.register_end_callback(lambda _: _restore_shapes())
 
 
 def _restore_shapes() -> None:
-    """Put back the settings this thread's soagen compile replaced, if any."""
+    """Put back the setting this thread's soagen compile replaced, if any."""
     replaced = _general_shapes.replaced
     if replaced is not None:
         import torch.fx.experimental._config as fx_config
 
-        fx_config.use_duck_shape, fx_config.backed_size_oblivious = replaced
+        fx_config.use_duck_shape = replaced
         _general_shapes.replaced = None
 
 
@@ -278,8 +425,20 @@ def _module_on(module: torch.nn.Module, device: torch.device) -> Callable[..., o
     return copy.deepcopy(module).to(device)
 
 
-def load_backend(model: object, *, kind: str | None, binding: type[ModelBinding]) -> Backend:
-    """The backend for a model object or file; `kind` forces one of `KINDS`."""
+def load_backend(
+    model: object,
+    *,
+    kind: str | None,
+    binding: type[ModelBinding],
+    fallback_to_eager: bool = False,
+) -> Backend:
+    """The backend for a model object or file; `kind` forces one of `KINDS`. `fallback_to_eager`
+    is for "compile" (see `CompileBackend`)."""
+    if fallback_to_eager and kind != "compile":
+        raise ModelLoadError(
+            f"fallback_to_eager is for backend='compile' (whose graphs are checked against the "
+            f"eager model as they compile); got backend={kind!r}"
+        )
     if isinstance(model, Backend) and kind is None:
         return model  # made by the caller: a remote binding's, say (`soagen.serving.client`)
     if kind is not None and kind not in KINDS:
@@ -298,7 +457,7 @@ def load_backend(model: object, *, kind: str | None, binding: type[ModelBinding]
         if kind in (None, "eager"):
             return EagerBackend(model)
         if kind == "compile":
-            return CompileBackend(model)
+            return CompileBackend(model, binding=binding, fallback_to_eager=fallback_to_eager)
         raise ModelLoadError(
             f"backend={kind!r} needs a model file; for an nn.Module use 'eager' or 'compile'"
             + (", or build a .pt2 with `soagen compile`" if kind == "aot" else "")

@@ -102,5 +102,10 @@ class IndexRangeError(SoaRuntimeError, IndexError):
     """An index input holds values outside the collection it indexes: the model was not run."""
 
 
+class CompiledModelMismatchError(SoaRuntimeError, RuntimeError):
+    """A compiled model's results disagree with the eager model's on the same inputs: nothing was
+    written."""
+
+
 class ModelLoadError(SoaRuntimeError, ValueError):
     """A model file or object cannot serve this binding: unknown kind, or built for another schema."""

@@ -38,7 +38,7 @@ if typing.TYPE_CHECKING:
 
     import torch
 
-    from soagen.runtime.backends import Backend
+    from soagen.runtime.backends import Backend, CompiledGraph
     from soagen.runtime.collection import Collection
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
@@ -70,6 +70,7 @@ class ModelBinding:
         protect_inputs: bool = False,
         index_bounds: Mapping[str, str | None] | None = None,
         contiguous: Iterable[str] = (),
+        fallback_to_eager: bool = False,
     ) -> None:
         """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2` file.
 
@@ -88,6 +89,9 @@ class ModelBinding:
         besides those the schema declares `contiguous`, as one device-local contiguous copy per
         call instead of the strided view: for models whose own operations on the column-major
         `[n, c]` view (a `torch.cat` with row-major tensors, row gathers) cost more than the copy.
+        With backend="compile", every call that compiles a graph also runs the eager model on
+        the same inputs and raises `CompiledModelMismatchError` if they disagree;
+        `fallback_to_eager=True` warns once instead and runs that device eagerly from then on.
         """
         from soagen.runtime.backends import load_backend
 
@@ -100,7 +104,9 @@ class ModelBinding:
                     f"{type(self).NAME}: output {spec.name!r} binds scalars of "
                     f"{spec.block.layout}; an output block must hold columns"
                 )
-        self._backend: Backend = load_backend(model, kind=backend, binding=type(self))
+        self._backend: Backend = load_backend(
+            model, kind=backend, binding=type(self), fallback_to_eager=fallback_to_eager
+        )
         self.protect_inputs = protect_inputs
         if self._backend.writes_inputs and not protect_inputs:
             raise InputModifiedError(
@@ -113,10 +119,17 @@ class ModelBinding:
         bounds.update(self._backend.index_bounds)
         bounds.update(index_bounds or {})
         self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
-        # Inputs holding indices, checked or not: their values count from the start of the whole
-        # collections, so `batch_size` slices cannot run them.
-        indexed = {name for name, bound in bounds.items() if bound is not None}
-        self._index_inputs = sorted(indexed | set(declared_index_bounds(type(self).INPUTS)))
+        # Inputs holding indices, checked or not, with the input they index: their values count
+        # from the start of that input's whole collection, so a `batch_size` call cannot slice it.
+        indexed = {**declared_index_bounds(type(self).INPUTS), **self.index_bounds}
+        whole = {spec.name for spec in type(self).INPUTS if spec.whole}
+        self._whole_inputs = frozenset(whole)
+        self._sliced_index_targets = sorted(
+            (name, target) for name, target in indexed.items() if target not in whole
+        )
+        self._same_n = [
+            (spec.name, spec.same_n_as) for spec in type(self).INPUTS if spec.same_n_as is not None
+        ]
         inputs = [spec.name for spec in type(self).INPUTS]
         self._input_position = {name: position for position, name in enumerate(inputs)}
         self._binding_names = (*inputs, *(spec.name for spec in type(self).OUTPUTS))
@@ -208,11 +221,23 @@ class ModelBinding:
     def backend(self) -> str:
         return self._backend.kind
 
+    @property
+    def compiled_graphs(self) -> tuple[CompiledGraph, ...]:
+        """With backend="compile": each compile this model's calls started (the device, how many
+        graphs, the inputs' shapes and strides at that call, and torch's reasons why the graphs
+        before did not serve it); empty for other backends."""
+        from soagen.runtime.backends import CompileBackend
+
+        return self._backend.graphs if isinstance(self._backend, CompileBackend) else ()
+
     def __repr__(self) -> str:
         placed = ", ".join(str(device) for device in self._backend.devices) or "nowhere yet"
+        compiled = ""
+        if self._backend.kind == "compile":
+            compiled = f"; {sum(graph.graphs for graph in self.compiled_graphs)} graph(s) compiled"
         return (
             f"<{type(self).NAME} {self._backend.kind}: {self._backend.description}; "
-            f"placed on {placed}>"
+            f"placed on {placed}{compiled}>"
         )
 
     def close(self) -> None:
@@ -265,8 +290,11 @@ class ModelBinding:
         one. As with `torch.cuda.stream`, it does not wait for work queued on other streams: when
         the inputs were written on another one, call `stream.wait_stream(that_stream)` first.
         `batch_size`: run in
-        slices of at most this many elements (rounded up so every slice starts aligned); all bound
-        collections must then have the same size. With more than one slice, the results are held
+        slices of at most this many elements (rounded up so every slice starts aligned), as
+        CMSSW's BatchedTensorCollection does: every collection is sliced alike (so all must have
+        the same size) except those of inputs the schema declares `whole`, which each slice gets
+        entire. An index input may index only `whole` inputs then: its values count elements of the
+        entire collection. With more than one slice, the results are held
         in a scratch copy of each output collection and written into `outputs` once every slice
         has run, so a failing slice writes nothing.
         """
@@ -295,23 +323,35 @@ class ModelBinding:
                     f"(read_only=True), and the model's results would be written into it; give "
                     f"it a writable collection"
                 )
+        for name, other in self._same_n:
+            if inputs[name].size != inputs[other].size:
+                raise BindingError(
+                    f"{cls.NAME}: input {name!r} ({inputs[name].NAME}, n={inputs[name].size}) "
+                    f"must hold as many elements as input {other!r} ({inputs[other].NAME}, "
+                    f"n={inputs[other].size}): the schema declares `same n as {other}`; the "
+                    f"model was not run"
+                )
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
         if stream is None and batch_size is None:
             self._run_once(inputs, outputs, device)  # the common call, without a context manager
             return
-        if batch_size is not None and self._index_inputs:
+        if batch_size is not None and self._sliced_index_targets:
             # Refused whatever the event's size, not only once it needs more than one slice.
+            pairs = ", ".join(
+                f"{name!r} indexes {target!r}" for name, target in self._sliced_index_targets
+            )
             raise BindingError(
-                f"batch_size: {cls.NAME}'s input(s) {', '.join(map(repr, self._index_inputs))} "
-                f"hold indices counted from the start of whole collections, which a slice would "
-                f"misread; run it without batch_size"
+                f"batch_size: in {cls.NAME}, {pairs}: those values count elements of the whole "
+                f"collection, and batch_size would slice it, so they would point at the wrong "
+                f"elements. Declare the indexed input(s) `whole` in the schema (each slice then "
+                f"gets them entire), or run without batch_size"
             )
         with _on_stream(stream, device):
             if batch_size is None:
                 self._run_once(inputs, outputs, device)
                 return
-            slices = list(_batches(cls, inputs, outputs, batch_size))
+            slices = list(_batches(cls, inputs, outputs, batch_size, self._whole_inputs))
             if len(slices) <= 1:
                 self._run_once(inputs, outputs, device)
                 return
@@ -321,7 +361,10 @@ class ModelBinding:
             staged = {name: scratch[id(c)] for name, c in outputs.items()}
             for start, stop in slices:
                 self._run_once(
-                    {name: c.slice(start, stop) for name, c in inputs.items()},
+                    {
+                        name: c if name in self._whole_inputs else c.slice(start, stop)
+                        for name, c in inputs.items()
+                    },
                     {name: c.slice(start, stop) for name, c in staged.items()},
                     device,
                 )
@@ -749,19 +792,25 @@ def _batches(
     inputs: Mapping[str, Collection],
     outputs: Mapping[str, Collection],
     batch_size: int,
+    whole: frozenset[str],
 ) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each slice: every collection but those of `whole` inputs is sliced alike."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    collections = {**inputs, **outputs}
+    collections = {name: c for name, c in {**inputs, **outputs}.items() if name not in whole}
     sizes = {c.size for c in collections.values()}
     if len(sizes) != 1:
         detail = ", ".join(f"{name}: {c.NAME} n={c.size}" for name, c in collections.items())
+        passed_whole = f" (inputs passed whole: {', '.join(sorted(whole))})" if whole else ""
         raise BindingError(
-            f"batch_size needs every collection of {cls.NAME} to have the same size ({detail})"
+            f"batch_size slices every collection of {cls.NAME} but those of `whole` inputs, so "
+            f"they must have the same size{passed_whole}; got {detail}"
         )
     # A slice starting at element s moves each column by s * itemsize bytes: keep that aligned.
     step = 1
     for spec in (*cls.INPUTS, *cls.OUTPUTS):
+        if spec.name in whole:
+            continue
         collection = collections[spec.name]
         itemsize = ITEMSIZE[spec.block.dtype]
         step = math.lcm(step, max(1, collection.ALIGNMENT // itemsize))

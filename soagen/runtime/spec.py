@@ -80,6 +80,11 @@ class BindingSpec:
     indexes: str | None = None
     # `contiguous` in the schema: the model gets one row-major copy of this input per call.
     contiguous: bool = False
+    # `same n as NAME` in the schema: the input whose collection must hold as many elements as
+    # this one's (checked before every call; `soagen compile` exports one size for both).
+    same_n_as: str | None = None
+    # `whole` in the schema: a `batch_size` call passes this input entire to every slice.
+    whole: bool = False
 
 
 def declared_index_bounds(inputs: Iterable[BindingSpec]) -> dict[str, str]:

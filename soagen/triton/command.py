@@ -18,6 +18,7 @@ from soagen.cli import (
     _Output,
     _schema_paths,
     add_columnwise_argument,
+    add_examples_argument,
     add_factory_argument,
     add_index_argument,
     add_model_arguments,
@@ -64,6 +65,7 @@ def add_command(factory: Callable[..., argparse.ArgumentParser]) -> None:
         help="what the Python backend runs (default: the --package's kind, else eager)",
     )
     add_factory_argument(triton)
+    add_examples_argument(triton, when="with --factory: ")
     add_columnwise_argument(triton, when="--runtime aot with --factory: ")
     add_write_outputs_argument(triton, when="--runtime aot with --factory: ")
     triton.add_argument(
@@ -149,6 +151,7 @@ def run(args: argparse.Namespace, output: _Output) -> int:
             backend=args.backend,
             runtime=args.runtime,
             factory=args.factory,
+            examples=args.examples,
             columnwise=args.columnwise,
             write_outputs=args.write_outputs,
             package=Path(args.package) if args.package is not None else None,

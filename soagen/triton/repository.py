@@ -61,6 +61,7 @@ from soagen.triton.python_model import (
 if typing.TYPE_CHECKING:
     import torch
 
+    from soagen.modelbuild import ExampleFill
     from soagen.runtime.collection import Collection
     from soagen.runtime.model import ModelBinding
 
@@ -77,6 +78,7 @@ class Request:
     backend: str = "python"
     runtime: str | None = None  # python backend: None follows --package, else eager
     factory: str | None = None  # FILE.py:FUNCTION
+    examples: str | None = None  # FILE.py:FUNCTION filling example collections (`ExampleFill`)
     columnwise: bool = False  # runtime aot from a factory: `soagen compile --columnwise`
     write_outputs: bool = False  # runtime aot from a factory: `soagen compile --write-outputs`
     package: Path | None = None  # a .pt2 (soagen compile) or .pt (TorchScript) file
@@ -347,13 +349,14 @@ def _from_factory(
             index_bounds=bounds,
             columnwise=request.columnwise,
             write_outputs=request.write_outputs,
+            examples=request.examples,
             progress=report,
         )
         from soagen.runtime.aot import AotBackend
 
         _check_reads_only(AotBackend(version / "model.pt2", binding).writes_inputs, request.factory)
         return _Built("aot", "model.pt2", None, bounds, _argument_names(model))
-    checked = _check_model(binding, layouts, model, bounds)
+    checked = _check_model(binding, layouts, model, bounds, request.examples)
     if runtime == "torchscript":
         report("converting to TorchScript")
         scripted, names = _torchscript(binding, layouts, model, bounds, checked)
@@ -435,7 +438,7 @@ def _from_package(
     module = torch.jit.load(str(package), map_location="cpu")  # type: ignore[no-untyped-call]
     bounds = declared_index_bounds(binding.INPUTS)
     bounds.update(request.index_bounds or {})
-    checked = _check_model(binding, layouts, module, bounds)
+    checked = _check_model(binding, layouts, module, bounds, request.examples)
     names = _torchscript_names(module)
     _verify(binding, layouts, module, checked, bounds, what=f"{package}")
     report(f"copying {package.as_posix()}")
@@ -448,10 +451,12 @@ def _from_package(
 
 @dataclass(frozen=True, slots=True)
 class _Checked:
-    """The eager model, wrapped to return its outputs in schema order, and its example inputs."""
+    """The eager model, wrapped to return its outputs in schema order, its example element counts
+    and what fills the example collections (--examples)."""
 
     wrapped: torch.nn.Module
     sizes: dict[str, int]
+    fill: ExampleFill | None
 
 
 def _check_model(
@@ -459,17 +464,28 @@ def _check_model(
     layouts: Mapping[str, type[Collection]],
     model: torch.nn.Module,
     bounds: Mapping[str, str],
+    examples: str | None,
 ) -> _Checked:
-    """The model must run on example collections and return what the output blocks hold."""
+    """The model must run on example collections (filled by `examples`, --examples, if given)
+    and return finite values that fit the output blocks."""
     import torch
 
-    from soagen.modelbuild import SchemaOrder, check_eager, example_inputs, example_sizes
+    from soagen.modelbuild import (
+        SchemaOrder,
+        check_eager,
+        check_finite,
+        example_inputs,
+        example_sizes,
+        load_examples,
+    )
 
+    fill = None if examples is None else load_examples(examples)
     wrapped = SchemaOrder(model, binding)
     sizes = example_sizes(binding, layouts)
-    inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=0)
-    check_eager(binding, wrapped, inputs)
-    return _Checked(wrapped, sizes)
+    inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), 0, fill)
+    results, _ = check_eager(binding, wrapped, inputs)
+    check_finite(binding, results, sizes)
+    return _Checked(wrapped, sizes, fill)
 
 
 def _torchscript(
@@ -497,7 +513,9 @@ def _torchscript(
     if not reason:
         _verify(binding, layouts, scripted, checked, bounds, what="the scripted model")
         return scripted, _torchscript_names(scripted)
-    inputs = example_inputs(binding, layouts, checked.sizes, bounds, torch.device("cpu"), seed=0)
+    inputs = example_inputs(
+        binding, layouts, checked.sizes, bounds, torch.device("cpu"), 0, checked.fill
+    )
     try:
         with torch.no_grad():
             example = tuple(v.contiguous() for v in inputs)
@@ -543,12 +561,21 @@ def _verify(
     at the example's element counts and at other ones, different per layout."""
     import torch
 
-    from soagen.modelbuild import CHECK_BASES, check_agreement, example_inputs, trial_sizes
+    from soagen.modelbuild import (
+        CHECK_BASES,
+        check_agreement,
+        example_inputs,
+        same_n_groups,
+        trial_sizes,
+    )
     from soagen.runtime.model import outputs_in_schema_order
 
     # The example's counts and one other set: the largest of the small ones compile checks.
-    for seed, sizes in enumerate(trial_sizes(checked.sizes, CHECK_BASES[-1:]), start=1):
-        inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), seed=seed)
+    trials = trial_sizes(checked.sizes, CHECK_BASES[-1:], same_n_groups(binding))
+    for seed, sizes in enumerate(trials, start=1):
+        inputs = example_inputs(
+            binding, layouts, sizes, bounds, torch.device("cpu"), seed, checked.fill
+        )
         contiguous = [view.contiguous() for view in inputs]
         with torch.no_grad():
             expected = checked.wrapped(*inputs)
