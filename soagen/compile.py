@@ -27,10 +27,14 @@ and checked against the eager model at several sizes, then moved into place.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import os
+import sys
 import tempfile
 import time
+import traceback
 import typing
 import uuid
 import warnings
@@ -164,6 +168,8 @@ def _build_package(
     stages: _Stages,
     fill: ExampleFill | None,
 ) -> None:
+    log = _TorchLog(target.with_name(f"{target.stem}.compile.log"))
+    log.path.unlink(missing_ok=True)  # an earlier run's, which would no longer be true
     with stages.stage(f"building model ({factory})"):
         model, module = build_model(factory, device)
         bounds = resolve_index_bounds(binding, index_bounds, module)
@@ -197,8 +203,8 @@ def _build_package(
                 result.shape[spec.block.axes.index("n")] in sizes.values()
                 for spec, result in zip(binding.OUTPUTS, results, strict=True)
             ]
-        exported = _export(binding, wrapped, arguments, variable)
-        writes_inputs = _inputs_written(binding, exported, written)
+        exported = _export(binding, wrapped, arguments, variable, log)
+        writes_inputs = _inputs_written(binding, exported, written, log)
         if writes_inputs:
             stages.report(
                 f"the model writes into its input(s) {', '.join(writes_inputs)}: the package "
@@ -225,11 +231,15 @@ def _build_package(
     staging = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.pt2")
     try:
         with stages.stage(f"compiling with AOTInductor for {device.type}"):
-            _compile(exported, staging, metadata)
+            _compile(exported, staging, metadata, log)
         with stages.stage("checking the package against the eager model"):
             _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
         with stages.stage(f"packaging {target.as_posix()}"):
             os.replace(staging, target)
+        lines = log.text.getvalue().count("\n")
+        if lines:
+            log.write()
+            stages.report(f"torch logged {lines} lines while building: {log.path.as_posix()}")
     finally:
         staging.unlink(missing_ok=True)
 
@@ -320,7 +330,10 @@ def _example_outputs(
 
 
 def _inputs_written(
-    binding: type[ModelBinding], exported: torch.export.ExportedProgram, seen: set[int]
+    binding: type[ModelBinding],
+    exported: torch.export.ExportedProgram,
+    seen: set[int],
+    log: _TorchLog,
 ) -> list[str]:
     """Names of the inputs the model writes into, in schema order: those the eager run was seen
     to write (`seen`) and those the exported graph mutates (on a path the example did not take,
@@ -328,12 +341,12 @@ def _inputs_written(
     # Export's first graph keeps in-place ops as they are; its functional form (what AOTInductor
     # compiles, ~0.3 s for the GNN example) lists each input it writes back into.
     try:
-        with _torch_deprecations_ignored():
+        with _torch_deprecations_ignored(), log.held():
             signature = exported.run_decompositions({}).graph_signature
     except Exception as error:
         raise CompileError(
             f"torch.export cannot put the model for {binding.NAME} in functional form (to find "
-            f"the inputs it writes): {_torch_error(error)}"
+            f"the inputs it writes):\n{log.failure(error)}"
         ) from error
     positions = {str(name): i for i, name in enumerate(signature.user_inputs)}
     mutated = {positions[str(name)] for name in signature.user_inputs_to_mutate.values()}
@@ -352,6 +365,7 @@ def _export(
     model: torch.nn.Module,
     inputs: Sequence[torch.Tensor],
     variable_outputs: Sequence[bool],
+    log: _TorchLog,
 ) -> torch.export.ExportedProgram:
     """Export with the element axis dynamic in every input; `inputs` may end with output blocks
     (`_IntoOutputs`), whose element axis is dynamic where `variable_outputs` says so."""
@@ -368,12 +382,12 @@ def _export(
     try:
         # `patch` is added to config modules at import time, so the type checker cannot see it.
         patch = typing.cast(typing.Any, fx_config).patch
-        with patch(use_duck_shape=False, backed_size_oblivious=True):
+        with patch(use_duck_shape=False, backed_size_oblivious=True), log.held():
             return torch.export.export(model, arguments, dynamic_shapes=(tuple(dynamic),))
     except Exception as error:
         raise CompileError(
             f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
-            f"({describe_inputs(binding, inputs[: len(binding.INPUTS)])}): {_torch_error(error)}"
+            f"({describe_inputs(binding, inputs[: len(binding.INPUTS)])}):\n{log.failure(error)}"
         ) from error
 
 
@@ -412,12 +426,15 @@ def _torch_deprecations_ignored() -> Iterator[None]:
 
 
 def _compile(
-    exported: torch.export.ExportedProgram, path: Path, metadata: Mapping[str, object]
+    exported: torch.export.ExportedProgram,
+    path: Path,
+    metadata: Mapping[str, object],
+    log: _TorchLog,
 ) -> None:
     from torch._inductor import aoti_compile_and_package
 
     try:
-        with _torch_deprecations_ignored():
+        with _torch_deprecations_ignored(), log.held():
             aoti_compile_and_package(
                 exported,
                 package_path=str(path),
@@ -425,15 +442,85 @@ def _compile(
             )
     except Exception as error:
         raise CompileError(
-            f"AOTInductor cannot compile the model: {_torch_error(error)}"
+            f"AOTInductor cannot compile the model:\n{log.failure(error)}"
         ) from error
 
 
-def _torch_error(error: Exception) -> str:
-    """An error torch raised, as a CompileError quotes it: its type and first six lines (torch's
-    messages go on with long guides and graph dumps)."""
-    first = str(error).strip().splitlines()[:6]
-    return f"{type(error).__name__}: " + "\n".join(first)
+class _TorchLog:
+    """What torch prints and logs while it exports and compiles (graph dumps of hundreds of
+    lines), held and written to one log file beside the package instead of the terminal; and
+    torch's errors, told short: the frame of the user's model code, torch's first line and its
+    hints, then the log's path for the rest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.text = io.StringIO()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        handlers = [
+            handler
+            for name, logger in list(logging.Logger.manager.loggerDict.items())
+            if name == "torch" or name.startswith("torch.")
+            if isinstance(logger, logging.Logger)
+            for handler in logger.handlers
+            if isinstance(handler, logging.StreamHandler)
+            and handler.stream in (sys.stderr, sys.__stderr__, sys.stdout, sys.__stdout__)
+        ]
+        streams = [handler.setStream(self.text) for handler in handlers]
+        try:
+            with contextlib.redirect_stderr(self.text):
+                yield
+        finally:
+            for handler, stream in zip(handlers, streams, strict=True):
+                handler.setStream(stream)
+
+    def failure(self, error: BaseException) -> str:
+        """`error` in a few lines, naming the log file, which receives everything."""
+        full = "".join(traceback.format_exception(error))
+        self.write(full)
+        lines = str(error).strip().splitlines() or [""]
+        hints = [
+            line.strip() for line in lines[1:] if line.strip().lower().startswith(_HINT_STARTS)
+        ][:3]
+        frames = _user_frames(error)
+        return "\n".join(
+            [
+                *(f"  at {frame}" for frame in frames),
+                f"  {type(error).__name__}: {lines[0]}",
+                *(f"  hint: {hint}" for hint in hints),
+                f"  the full text is in {self.path.as_posix()}",
+            ]
+        )
+
+    def write(self, extra: str = "") -> None:
+        held = self.text.getvalue()
+        if not held and not extra:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(held + ("\n" if held and extra else "") + extra, encoding="utf-8")
+
+
+# How torch's errors start the lines that say what to do.
+_HINT_STARTS = ("consider", "hint", "suggested fix", "you can", "try ", "to fix", "please ")
+
+
+def _user_frames(error: BaseException) -> list[str]:
+    """`file:line in function: source` of the innermost frames of `error` outside torch, soagen
+    and Python's own library: where the user's model code failed (its last two)."""
+    ignored = [
+        Path(torch.__file__).parent,
+        Path(soagen.__file__).parent,
+        Path(contextlib.__file__).parent,
+    ]
+    frames = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        path = Path(frame.filename)
+        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in ignored):
+            continue
+        source = f": {frame.line.strip()}" if frame.line else ""
+        frames.append(f"{frame.filename}:{frame.lineno} in {frame.name}{source}")
+    return frames[-2:]
 
 
 def _verify(

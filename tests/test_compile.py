@@ -1031,3 +1031,114 @@ def test_inputs_declared_contiguous_reach_every_backend_as_row_major_copies(
     # A package exported for the views of edge_features does not take the copies.
     with pytest.raises(ModelLoadError, match="edge_features"):
         module.EdgeClassifier.load(gnn_package)
+
+
+DATA_DEPENDENT = """
+import torch
+
+
+class Branching(torch.nn.Module):
+    def forward(self, nodes, index, edges):
+        kept = (edges[:, 0] > 0).nonzero()
+        if kept.shape[0] > 3:
+            return edges[:, 0] * 2
+        return edges[:, 0]
+
+
+def build():
+    return Branching()
+"""
+
+
+def test_an_export_error_shows_the_models_line_and_keeps_torchs_text_in_a_log(
+    tmp_path: Path,
+) -> None:
+    factory_file = tmp_path / "branching.py"
+    factory_file.write_text(DATA_DEPENDENT)
+    status, stderr = _cli_compile(tmp_path, factory=f"{factory_file}:build")
+    assert status == 1, stderr
+    assert f"at {factory_file}:8 in forward: if kept.shape[0] > 3:" in stderr, stderr
+    assert "GuardOnDataDependentSymNode: Could not guard on data-dependent expression" in stderr
+    assert "hint: consider using data-dependent friendly APIs" in stderr
+    log = tmp_path / "out.compile.log"
+    assert f"the full text is in {log.as_posix()}" in stderr
+    # torch's partial graph dump and its long guide go to the log, not the terminal.
+    assert "def forward" not in stderr and len(stderr.splitlines()) < 16, stderr
+    text = log.read_text()
+    assert "def forward" in text and "Traceback" in text and "draft_export" in text
+
+
+NAN_ON_RANDOM_VALUES = """
+import torch
+
+
+class Mass(torch.nn.Module):
+    # sqrt(E^2 - p^2): NaN where random normals make |p| > E, as on unphysical four-vectors.
+    def forward(self, nodes, index, edges):
+        return torch.sqrt(edges[:, 0] ** 2 - edges[:, 1] ** 2)
+
+
+def build():
+    return Mass()
+
+
+def physical(collections):
+    edges = collections["Edges"]
+    energy = edges.delta_r
+    energy.copy_(torch.rand(energy.shape[0]) + 1.0)
+    edges.delta_eta.copy_(energy * torch.rand(energy.shape[0]))
+
+
+def returns_something(collections):
+    return collections
+
+
+def indices_out_of_range(collections):
+    collections["Edges"].src.fill_(collections["Nodes"].size)
+"""
+
+
+def test_a_nan_reference_is_named_and_examples_give_realistic_values(tmp_path: Path) -> None:
+    factory_file = tmp_path / "mass.py"
+    factory_file.write_text(NAN_ON_RANDOM_VALUES)
+    status, stderr = _cli_compile(tmp_path, factory=f"{factory_file}:build")
+    assert status == 1, stderr
+    assert "the eager model itself returns NaN or infinite values on the example inputs" in stderr
+    assert "'edge_scores': " in stderr and "--examples FILE.py:FUNCTION" in stderr
+    status, stderr = _cli_compile(
+        tmp_path, "--examples", f"{factory_file}:returns_something", factory=f"{factory_file}:build"
+    )
+    assert status == 2 and "returned dict: it must fill the collections" in stderr, stderr
+    status, stderr = _cli_compile(
+        tmp_path,
+        "--examples",
+        f"{factory_file}:indices_out_of_range",
+        factory=f"{factory_file}:build",
+    )
+    assert status == 1 and "left input 'edge_index' with indices" in stderr, stderr
+    status, stderr = _cli_compile(
+        tmp_path, "--examples", f"{factory_file}:absent", factory=f"{factory_file}:build"
+    )
+    assert status == 2 and "has no function 'absent'" in stderr, stderr
+    # With realistic values the package is built, and checked at every trial size.
+    package = tmp_path / "mass.pt2"
+    status, _, stderr = run_cli(
+        "compile",
+        str(GNN_SCHEMA),
+        "--model",
+        "EdgeClassifier",
+        "--factory",
+        f"{factory_file}:build",
+        "--examples",
+        f"{factory_file}:physical",
+        "-o",
+        str(package),
+    )
+    assert status == 0, stderr
+    gnn_module = import_generated(REPO, "generated", "gnn")
+    nodes, edges = gnn_module.Nodes.allocate(5), gnn_module.Edges.allocate(300, zero=True)
+    edges.delta_r.copy_(torch.rand(300) + 1.0)
+    edges.delta_eta.copy_(edges.delta_r * torch.rand(300))
+    scores = gnn_module.EdgeScores.allocate(300)
+    gnn_module.EdgeClassifier.load(package)(nodes, edges, out=scores)
+    torch.testing.assert_close(scores.score, torch.sqrt(edges.delta_r**2 - edges.delta_eta**2))
