@@ -54,6 +54,15 @@ BREAKING_RULES: dict[str, tuple[str, str]] = {
         SOURCE,
         "an input gained or lost `contiguous`: its tensor has other strides, which packages refuse",
     ),
+    "BINDING_SAME_N_CHANGED": (
+        SOURCE,
+        "an input gained, lost or changed `same n as`: packages compiled for one shared size "
+        "refuse the other schema",
+    ),
+    "BINDING_WHOLE_CHANGED": (
+        SOURCE,
+        "an input gained or lost `whole`: `batch_size` calls slice its collection differently",
+    ),
 }
 
 
@@ -373,6 +382,26 @@ class _Comparer:
                 new.contiguous_span or new.span,
                 "packages from `soagen compile` must be compiled again",
             )
+        if old.same_n_as != new.same_n_as:
+            self.report(
+                "BINDING_SAME_N_CHANGED",
+                f"{where} shares {_shared_n(new)}, was {_shared_n(old)}",
+                new.same_n_as_span or new.span,
+                "packages from `soagen compile` must be compiled again, and calls are checked "
+                "against other sizes",
+            )
+        if old.whole != new.whole:
+            now, was = ("passed whole", "sliced") if new.whole else ("sliced", "passed whole")
+            self.report(
+                "BINDING_WHOLE_CHANGED",
+                f"{where} is {now} by `batch_size` calls, was {was}",
+                new.whole_span or new.span,
+                "callers using `batch_size` get slices of other sizes",
+            )
+
+
+def _shared_n(binding: Binding) -> str:
+    return "no other input's n" if binding.same_n_as is None else f"the n of `{binding.same_n_as}`"
 
 
 def _axes(binding: Binding, layouts: dict[str, tuple[Layout, str]]) -> tuple[str, ...]:

@@ -79,6 +79,8 @@ CODES: dict[str, str] = {
     "SOA309": "an output block holds scalars, which cannot take one value per element",
     "SOA310": "an `indexes` clause does not name another input, or is not on an integer input",
     "SOA311": "a `contiguous` clause stands on an output",
+    "SOA312": "a `same n as` clause stands on an output, or names no input of another layout",
+    "SOA313": "a `whole` clause stands on an output, or inputs disagree on `whole`",
     "SOA401": "an imported file does not exist",
     "SOA402": "imports form a cycle",
     "SOA403": "a name is declared in two files",
@@ -590,6 +592,71 @@ EXPLANATIONS: dict[str, str] = {
             model M {
                 input points = Hits{x, y} as [n, c] contiguous
                 output scores = Hits{x}
+            }
+        """
+    ),
+    "SOA312": _text(
+        """
+        `same n as NAME` on an input says that its collection holds as many elements as the
+        collection of input NAME (a mask made for a particle collection, say): soagen checks the
+        two sizes before every call, and `soagen compile` exports one size for both. So the
+        clause must be on an input and name another input of the model, one that binds another
+        layout: inputs of one layout come from one collection and share its size already.
+
+        Gives SOA312:
+
+            layout Particles { column float32 pt, eta }
+            layout Masks { column bool mask }
+            model M {
+                input features = Particles{pt, eta}
+                input mask = Masks{mask} same n as feature
+                output scores = Particles{pt}
+            }
+
+        Fixed:
+
+            layout Particles { column float32 pt, eta }
+            layout Masks { column bool mask }
+            model M {
+                input features = Particles{pt, eta}
+                input mask = Masks{mask} same n as features
+                output scores = Particles{pt}
+            }
+        """
+    ),
+    "SOA313": _text(
+        """
+        `whole` on an input makes a `batch_size` call pass its collection entire to every slice
+        instead of slicing it (the nodes an edge list indexes, say). Outputs are always sliced
+        with the call, so they take no `whole`. Inputs of one layout in a model are one
+        collection, sliced or not, so they all say `whole` or none does; and two inputs tied by
+        `same n as` are both whole or both sliced, or a slice of one would no longer match the
+        other.
+
+        Gives SOA313:
+
+            layout Nodes { column float32 x, y }
+            layout Masks { column bool mask }
+            layout Edges { column int64 src, dst }
+            layout Scores { column float32 score }
+            model M {
+                input nodes = Nodes{x, y} whole
+                input mask = Masks{mask} same n as nodes
+                input edges = Edges{src, dst} as [c, n] indexes nodes
+                output scores = Scores{score}
+            }
+
+        Fixed:
+
+            layout Nodes { column float32 x, y }
+            layout Masks { column bool mask }
+            layout Edges { column int64 src, dst }
+            layout Scores { column float32 score }
+            model M {
+                input nodes = Nodes{x, y} whole
+                input mask = Masks{mask} same n as nodes whole
+                input edges = Edges{src, dst} as [c, n] indexes nodes
+                output scores = Scores{score}
             }
         """
     ),

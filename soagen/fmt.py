@@ -10,7 +10,8 @@ The style, not configurable:
   (`column float32 x, y, z`); one space after commas, none inside brackets: `float32[3, 3]`,
   `Nodes{x, y} as [n, c]`.
 - Bindings of a model aligned in columns: direction, name, `= Layout{...}`, `as [...]`; then
-  `indexes NAME` and `contiguous`, one space after the block or its axes.
+  `indexes NAME`, `same n as NAME`, `whole` and `contiguous`, one space after the block or its
+  axes.
 - One blank line between declarations, and after the module docs and the imports; blank lines
   inside a body kept (at most one), never after a `{`, a `///` or before a `}`.
 - Trailing comments two spaces after the code; a comment inside a statement breaks the line there
@@ -203,6 +204,10 @@ class _Reader:
             pieces += list_pieces
         if (token := self.peek()) is not None and token.text == "indexes":
             pieces += [(self.take(), " "), (self.take(), " ")]
+        if (token := self.peek()) is not None and token.text == "same":
+            pieces += [(self.take(), " ") for _ in range(4)]  # same n as NAME
+        if (token := self.peek()) is not None and token.text == "whole":
+            pieces.append((self.take(), " "))
         if (token := self.peek()) is not None and token.type == "CONTIGUOUS":
             pieces.append((self.take(), " "))
         columns = (direction.text, name.text, block)

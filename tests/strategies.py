@@ -171,6 +171,9 @@ class BindingCase:
     doc_lines: tuple[str, ...]
     indexes: str | None = None  # `indexes NAME`: on integer inputs, another input of the model
     contiguous: bool = False  # `contiguous`: on inputs
+    # `same n as NAME`: on inputs, another input of another layout, as whole as this one.
+    same_n_as: str | None = None
+    whole: bool = False  # `whole`: on inputs, on every input of its layout in the model or none
 
     @property
     def doc(self) -> str | None:
@@ -331,6 +334,10 @@ def _model_text(model: ModelCase, style: _Style) -> list[str]:
             text += f"{sp}as{sp}[" + f",{sp}".join(axes) + "]"
         if binding.indexes is not None:
             text += f"{sp}indexes{sp}{binding.indexes}"
+        if binding.same_n_as is not None:
+            text += f"{sp}same{sp}n{sp}as{sp}{binding.same_n_as}"
+        if binding.whole:
+            text += f"{sp}whole"
         if binding.contiguous:
             text += f"{sp}contiguous"
         lines.append(text + style.comment())
@@ -400,6 +407,21 @@ def valid_schemas(
                 bindings[position] = replace(binding, indexes=draw(st.sampled_from(others)))
             if binding.direction == "input" and draw(st.integers(0, 5)) == 0:
                 bindings[position] = replace(bindings[position], contiguous=True)
+        # Some input layouts are passed whole; some inputs share the size of another layout's.
+        input_layouts = sorted({b.layout for b in bindings if b.direction == "input"})
+        whole = {layout for layout in input_layouts if draw(st.integers(0, 3)) == 0}
+        for position, binding in enumerate(bindings):
+            if binding.direction != "input":
+                continue
+            alike = [
+                other.name
+                for other in bindings
+                if other.direction == "input"
+                and other.layout != binding.layout
+                and (other.layout in whole) == (binding.layout in whole)
+            ]
+            shared = draw(st.sampled_from(alike)) if alike and draw(st.booleans()) else None
+            bindings[position] = replace(binding, same_n_as=shared, whole=binding.layout in whole)
         models.append(ModelCase(name, tuple(bindings), _docs(draw, sentinel)))
     files: dict[str, str] = {}
     module_docs: dict[str, str | None] = {}
@@ -432,7 +454,7 @@ ODD_TOKENS = [
     "\ufeff", "\u200b", "\t", "\r", "\r\n", '"', '"dep.soa"', '"missing.soa"', '"schema.soa"',
     '"/dev/zero"', '"."', '""', "///", "/// doc", "//!", "//", "#", "/*",
     "import", "layout", "model", "align", "column", "scalar", "input", "output", "indexes",
-    "contiguous",
+    "contiguous", "same", "whole",
     "class", "None", "_private", "size", "buffer", "property", "int", "run",
     "{" * 500, "[" * 500, "}" * 50, "layout A {" * 200,
 ]  # fmt: skip

@@ -192,7 +192,6 @@ def _wrong_by_one(graph: torch.fx.GraphModule, _: object) -> object:
 
 def test_a_compiled_graph_that_disagrees_with_eager_is_refused(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
-
     from soagen.runtime import CompiledModelMismatchError
     from soagen.runtime.backends import CompileBackend
 
@@ -217,7 +216,6 @@ def test_a_compiled_graph_that_disagrees_with_eager_is_refused(gnn) -> None:  # 
 
 def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
-
     from soagen.runtime.backends import CompileBackend
 
     net, nodes, edges, EdgeScores, expected = gnn
@@ -229,7 +227,9 @@ def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ig
     )
     backend.module.load_state_dict(net.state_dict())
     model = EdgeClassifier(backend)
-    with pytest.warns(RuntimeWarning, match="disagrees with the eager model.*running eagerly on cpu"):
+    with pytest.warns(
+        RuntimeWarning, match="disagrees with the eager model.*running eagerly on cpu"
+    ):
         torch.testing.assert_close(_run(model, gnn), expected)
     import warnings
 
@@ -240,7 +240,6 @@ def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ig
 
 def test_a_right_compile_is_checked_once_per_graph(gnn, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
-
     from soagen.runtime import backends
 
     checks = []

@@ -184,6 +184,29 @@ def test_model_signature_changes(repo: Path) -> None:
     ]
 
 
+def test_same_n_and_whole_clauses(repo: Path) -> None:
+    """A shared size changes what packages accept; `whole` changes how `batch_size` slices."""
+    momenta = "    input  momenta   = Tracks{px, py, pz} as [n, c]"
+    positions = "    input  positions = Hits{x, y, z}      as [n, c]"
+    _edit(repo, "main.soa", positions, positions + " same n as momenta")
+    assert _changes()[1] == [
+        ("source", "BINDING_SAME_N_CHANGED", "schemas/main.soa", 14, len(positions) + 12)
+    ]
+    _, out, _ = run_cli("breaking", "--against", "HEAD", "--color", "never")
+    assert "`VertexFinder.positions` shares the n of `momenta`, was no other input's n" in out
+    _git(repo, "commit", "-q", "-am", "v2")
+    _edit(repo, "main.soa", "same n as momenta", "whole")
+    _edit(repo, "main.soa", momenta, momenta + " whole")
+    assert _changes()[1] == [
+        ("source", "BINDING_WHOLE_CHANGED", "schemas/main.soa", 13, len(momenta) + 2),
+        ("source", "BINDING_SAME_N_CHANGED", "schemas/main.soa", 14, 12),
+        ("source", "BINDING_WHOLE_CHANGED", "schemas/main.soa", 14, len(positions) + 2),
+    ]
+    _, out, _ = run_cli("breaking", "--against", "HEAD", "--color", "never")
+    assert "`VertexFinder.momenta` is passed whole by `batch_size` calls, was sliced" in out
+    assert "`VertexFinder.positions` shares no other input's n, was the n of `momenta`" in out
+
+
 def test_imports_are_read_at_the_ref(repo: Path) -> None:
     """Old main.soa imports the old common.soa: a working-tree import would hide this change."""
     _edit(repo, "common.soa", "column int16 charge", "column int16 charge, spare")

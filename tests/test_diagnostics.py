@@ -443,7 +443,7 @@ CASES = [
         "layout N {\n    column int32 x, y\n}\nmodel M {\n    input nodes = N{x}\n"
         "    input edges = N{y} indexes nodes \u2038as [n]\n    output z = N{x}\n}\n",
         ["unexpected `as`"],
-        ["as [...] indexes NAME contiguous`, in that order"],
+        ["as [...] indexes NAME same n as NAME whole contiguous`, in that order"],
     ),
     # `indexes` names another input of the model, on an integer input.
     (
@@ -490,6 +490,138 @@ CASES = [
         "model M {\n    input p = N{x, y} contiguous \u2038as [n, c]\n    output y = N{y}\n}\n",
         ["unexpected `as`"],
         ["contiguous`, in that order"],
+    ),
+    # The clauses after the block stand in one order; misspelt keywords get the nearest one.
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x} contiguous \u2038whole\n    output y = N{y}\n}\n",
+        ["unexpected `whole`"],
+        ["indexes NAME same n as NAME whole contiguous`, in that order"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x}\n    input k = K{k} whole \u2038same n as p\n"
+        "    output y = N{y}\n}\n",
+        ["unexpected `same`"],
+        ["in that order"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x} \u2038contigous\n    output y = N{y}\n}\n",
+        ["unexpected `contigous`"],
+        ["did you mean `contiguous`?"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x} as [n] \u2038wole\n    output y = N{y}\n}\n",
+        ["unexpected `wole`", "`whole`"],
+        ["did you mean `whole`?"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x}\n    input k = K{k} same \u2038size as p\n"
+        "    output y = N{y}\n}\n",
+        ["unexpected `size`", "expected `n`"],
+        ["the clause reads `same n as NAME`"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x}\n    input k = K{k} same n \u2038p\n"
+        "    output y = N{y}\n}\n",
+        ["unexpected `p`", "expected `as`"],
+        ["the clause reads `same n as NAME`"],
+    ),
+    (
+        "SOA001",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x}\n    input k = K{k} same n as\n    \u2038output y = N{y}\n}\n",
+        ["unexpected `output`", "the name of the input whose element count it shares"],
+        [],
+    ),
+    # `same n as` names another input of the model, bound to another layout.
+    (
+        "SOA312",
+        "layout P {\n    column float32 pt, eta\n}\nlayout K {\n    column bool mask\n}\n"
+        "model M {\n    input features = P{pt, eta}\n"
+        "    input mask = K{mask} as [n] same n as \u2038feature\n    output y = P{pt}\n}\n",
+        ["no input `feature`", "`mask` to share its element count with"],
+        ["did you mean `features`?"],
+    ),
+    (
+        "SOA312",
+        "layout P {\n    column float32 pt, eta\n}\nlayout K {\n    column bool mask\n}\n"
+        "model M {\n    input features = P{pt, eta}\n"
+        "    input mask = K{mask} same n as \u2038mask\n    output y = P{pt}\n}\n",
+        ["`mask` cannot share its element count with itself"],
+        ["name the input"],
+    ),
+    (
+        "SOA312",
+        "layout P {\n    column float32 pt, eta\n}\nlayout K {\n    column bool mask\n}\n"
+        "model M {\n    input features = P{pt, eta}\n"
+        "    input mask = K{mask} same n as \u2038y\n    output y = P{pt}\n}\n",
+        ["`y` is an output of model `M`", "names an input"],
+        [],
+    ),
+    (
+        "SOA312",
+        "layout P {\n    column float32 pt, eta\n}\nlayout K {\n    column float32 mask\n}\n"
+        "model M {\n    input features = P{pt, eta}\n"
+        "    output y = K{mask} same n as \u2038features\n}\n",
+        ["output `y` declares `same n as`", "only inputs"],
+        ["remove the clause"],
+    ),
+    (
+        "SOA312",
+        "layout P {\n    column float32 pt, eta, phi\n}\n"
+        "model M {\n    input features = P{pt, eta}\n"
+        "    input phi = P{phi} same n as \u2038features\n    output y = P{pt}\n}\n",
+        ["`phi` and `features` both bind `P`", "one collection"],
+        ["remove the clause"],
+    ),
+    # `whole`: inputs only, one layout whole or sliced, both ends of `same n as` alike.
+    (
+        "SOA313",
+        "layout N {\n    column float32 x, y\n}\n"
+        "model M {\n    input p = N{x} whole\n    output y = N{y} \u2038whole\n}\n",
+        ["output `y` declares `whole`", "slices every output"],
+        ["remove the clause"],
+    ),
+    (
+        "SOA313",
+        "layout N {\n    column float32 x, y, z\n}\n"
+        "model M {\n    input p = N{x} whole\n    input \u2038q = N{y}\n    output o = N{z}\n}\n",
+        ["`p` is `whole` but `q` is not", "both bind `N`", "either sliced or passed whole"],
+        ["write `whole` on every input of `N` in `M`, or on none"],
+    ),
+    (
+        "SOA313",
+        "layout N {\n    column float32 x, y, z\n}\n"
+        "model M {\n    input p = N{x}\n    input q = N{y} \u2038whole\n    output o = N{z}\n}\n",
+        ["`q` is `whole` but `p` is not"],
+        ["or on none"],
+    ),
+    (
+        "SOA313",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x} whole\n    input k = K{k} same n as \u2038p\n"
+        "    output y = N{y}\n}\n",
+        ["`k` has the same n as `p`", "`p` is `whole` and `k` is sliced"],
+        ["write `whole` on both `k` and `p`, or on neither"],
+    ),
+    (
+        "SOA313",
+        "layout N {\n    column float32 x, y\n}\nlayout K {\n    column bool k\n}\n"
+        "model M {\n    input p = N{x}\n    input k = K{k} same n as \u2038p whole\n"
+        "    output y = N{y}\n}\n",
+        ["`k` is `whole` and `p` is sliced", "no longer match"],
+        [],
     ),
 ]
 

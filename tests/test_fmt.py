@@ -182,6 +182,26 @@ def test_one_line_schema_is_spread_out() -> None:
     )
 
 
+def test_binding_clauses_in_canonical_spacing() -> None:
+    text = (
+        "layout N { column float32 x, y }\nlayout K { column bool k }\nmodel M {\n"
+        "  input p=N{x}   as [ n ]   whole   contiguous\n"
+        "  input k = K{k}same   n  as\n p  whole // tied\n"
+        "  input j = K{k} same n // inside\n   as p\n"
+        "  output y = N{y}\n}\n"
+    )
+    formatted = _fmt(text)
+    assert formatted.split("model M {\n")[1] == (
+        "    input  p = N{x} as [n] whole contiguous\n"
+        "    input  k = K{k} same n as p whole  // tied\n"
+        "    input j = K{k} same n  // inside\n"
+        "            as p\n"
+        "    output y = N{y}\n}\n"
+    )
+    assert _fmt(formatted) == formatted
+    assert _ir(formatted) == _ir(text)
+
+
 def test_empty_and_comment_only_files() -> None:
     assert _fmt("") == ""
     assert _fmt("\n\n  \n") == ""

@@ -119,6 +119,41 @@ def test_imported_layouts_are_shared_not_copied(tmp_path: Path) -> None:
     assert "momenta" not in common.Tracks.BLOCKS  # a block of another file lives on its model
 
 
+def _call_doc(module_text: str, model: str) -> str:
+    return module_text.split(f"class {model}(")[1].split('"""Run ')[1].split('"""')[0]
+
+
+def test_same_n_and_whole_reach_the_binding_specs(tmp_path: Path) -> None:
+    masked = generate(load(GOLDEN / "masked.soa").unwrap())["masked"]
+    assert 'Masks.BLOCKS["mask"],\n            same_n_as="features",\n' in masked
+    assert 'indexes="node_features",\n        ),' in masked
+    assert 'same_n_as="node_features",\n            whole=True,\n        ),' in masked
+    assert "whole=True,\n            contiguous=True,\n        )," in masked
+    # Without the clauses, the specs are those of any schema: no field is written as a default.
+    schema = tmp_path / "masked.soa"
+    text = (GOLDEN / "masked.soa").read_text()
+    for clause in (" same n as features", " same n as node_features", " whole"):
+        text = text.replace(clause, "")
+    schema.write_text(text)
+    plain = generate(load(schema).unwrap())["masked"]
+    assert "same_n_as=" not in plain and "whole=" not in plain
+    assert '_soagen.BindingSpec("mask", "input", Masks.BLOCKS["mask"]),' in plain
+
+
+def test_batch_size_doc_follows_which_inputs_are_whole() -> None:
+    masked = generate(load(GOLDEN / "masked.soa").unwrap())["masked"]
+    # Every `indexes` target whole: batch_size runs, and the whole inputs are named.
+    batched = _call_doc(masked, "BatchedEdges")
+    assert "input node_mask: Masks{mask} as [n] same n as node_features whole\n" in batched
+    assert "`batch_size`: run in aligned slices" in batched
+    assert "input(s) node_features, node_mask go entire to every slice" in batched
+    # An index input of a sliced input: refused, whatever else is whole.
+    sliced = _call_doc(masked, "SlicedNodes")
+    assert "`batch_size`: refused: the index input(s) edge_index count from" in sliced
+    # No index input and nothing whole: every collection is sliced alike.
+    assert "elements (every\n        collection of the call" in _call_doc(masked, "MaskedNet")
+
+
 def test_hostile_doc_comments_stay_inert(tmp_path: Path) -> None:
     control = "".join(chr(c) for c in (0, 7, 8, 11, 12, 27, 0x2028, 0x2029, 0x85))
     text = (GOLDEN / "hostile_docs.soa").read_text().replace("form feed", "controls " + control)

@@ -625,11 +625,15 @@ def test_batch_size_refuses_index_inputs(mlp_module) -> None:  # type: ignore[no
     scores = mlp_module.Scores.allocate(1000, zero=True)
     for bounds in (None, {"neighbour": None}):
         model = mlp_module.Neighbours(Neighbour(), index_bounds=bounds)
-        with pytest.raises(BindingError, match=r"batch_size: in Neighbours, 'neighbour' indexes 'points'"):
+        with pytest.raises(
+            BindingError, match=r"batch_size: in Neighbours, 'neighbour' indexes 'points'"
+        ):
             model(points, out=scores, batch_size=100)
         assert not scores.a.any() and not scores.b.any()
         # Refused whatever the size, one slice too: a call site must not break on larger events.
-        with pytest.raises(BindingError, match=r"batch_size: in Neighbours, 'neighbour' indexes 'points'"):
+        with pytest.raises(
+            BindingError, match=r"batch_size: in Neighbours, 'neighbour' indexes 'points'"
+        ):
             model(points, out=scores, batch_size=1000)
     model(points, out=scores)
     features = points.block("points")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from soagen.diagnostics import Span
+from soagen.dsl.ir import Model
 from soagen.dsl.loader import load
 from soagen.dsl.parser import parse
 from soagen.dsl.pretty import pretty
@@ -63,3 +64,29 @@ def test_pretty_shows_symbolic_offsets() -> None:
         "input edge_index = Edges{src, dst} as [c, n] indexes node_features  "
         "// shape [2, n], strides [stride_8, 1], offset 0" in text
     )
+
+
+@pytest.mark.parametrize("schema_path", SCHEMAS, ids=lambda p: p.name)
+def test_pretty_text_keeps_the_binding_clauses(schema_path: Path) -> None:
+    schema = load(schema_path).unwrap()
+    reparsed, problems = parse(pretty(schema.root, schema.layouts), "pretty.soa")
+    assert not problems and reparsed is not None, problems
+
+    def clauses(models: tuple[Model, ...]) -> list[tuple[str, str | None, str | None, bool, bool]]:
+        return [
+            (b.name, b.indexes, b.same_n_as, b.whole, b.contiguous)
+            for model in models
+            for b in model.bindings
+        ]
+
+    assert clauses(reparsed.models) == clauses(schema.root.models)
+
+
+def test_pretty_writes_the_clauses_in_canonical_order() -> None:
+    schema = load(REPO / "tests" / "golden" / "masked.soa").unwrap()
+    text = pretty(schema.root, schema.layouts)
+    assert "input mask = Masks{mask} as [n] same n as features  // shape [n]" in text
+    assert (
+        "input node_features = Nodes{x, y, z, energy} as [n, c] whole contiguous  // shape" in text
+    )
+    assert "input node_mask = Masks{mask} as [n] same n as node_features whole  // shape" in text

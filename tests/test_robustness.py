@@ -354,6 +354,8 @@ def test_valid_schemas_generate_importable_code_matching_the_reference(
             assert block.axes == axes
             assert spec.indexes == binding.indexes
             assert spec.contiguous == binding.contiguous
+            assert spec.same_n_as == binding.same_n_as
+            assert spec.whole == binding.whole
             if layout.file == "schema.soa":
                 owner = getattr(schema_module, layout.name)
                 assert owner.BLOCKS[binding.name] is block

@@ -1,8 +1,8 @@
 """Semantic checks. Each pass takes IR and returns diagnostics; none raises, so a run reports every problem.
 
 Passes, in order: names (reserved words, duplicates), layouts (dtypes, shapes, alignment), models
-(layouts and members exist, blocks are zero-copy, axis lists match, outputs are columns). The loader
-adds the import checks.
+(layouts and members exist, blocks are zero-copy, axis lists match, outputs are columns, the clauses
+after a block name fitting inputs). The loader adds the import checks.
 """
 
 from __future__ import annotations
@@ -414,6 +414,8 @@ def check_model(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]:
             continue
         problems += _check_block(binding, layout)
     problems += _check_indexes(model, layouts)
+    problems += _check_same_n(model)
+    problems += _check_whole(model)
     problems += [
         Diagnostic(
             "SOA311",
@@ -457,6 +459,105 @@ def _check_indexes(model: Model, layouts: dict[str, Layout]) -> list[Diagnostic]
             hint = "bind integer columns, or remove the clause"
         if problem is not None:
             problems.append(Diagnostic("SOA310", problem, span, hint))
+    return problems
+
+
+def _same_n_target(model: Model, binding: Binding) -> Binding | None:
+    """The input a `same n as` clause names, where the clause is valid (SOA312 reports the rest)."""
+    if binding.direction is Direction.OUTPUT or binding.same_n_as in (None, binding.name):
+        return None
+    target = next((b for b in model.inputs if b.name == binding.same_n_as), None)
+    if target is None or target.layout_name == binding.layout_name:
+        return None
+    return target
+
+
+def _check_same_n(model: Model) -> list[Diagnostic]:
+    """`same n as NAME` names another input of the model, bound to another layout."""
+    problems: list[Diagnostic] = []
+    inputs = [binding.name for binding in model.inputs]
+    outputs = [binding.name for binding in model.outputs]
+    for binding in model.bindings:
+        if binding.same_n_as is None or binding.same_n_as_span is None:
+            continue
+        target = binding.same_n_as
+        problem, hint = None, None
+        if binding.direction is Direction.OUTPUT:
+            problem = (
+                f"output `{binding.name}` declares `same n as`: only inputs are checked, an "
+                "output's size is its collection's"
+            )
+            hint = "remove the clause"
+        elif target == binding.name:
+            problem = f"input `{binding.name}` cannot share its element count with itself"
+            hint = "name the input whose collection holds as many elements"
+        elif target in outputs:
+            problem = f"`{target}` is an output of model `{model.name}`: `same n as` names an input"
+            hint = "name the input whose collection holds as many elements"
+        elif target not in inputs:
+            problem = (
+                f"model `{model.name}` has no input `{target}` for `{binding.name}` to share its "
+                "element count with"
+            )
+            others = [name for name in inputs if name != binding.name]
+            hint = did_you_mean(target, others) or f"its inputs are {', '.join(inputs)}"
+        else:
+            other = next(b for b in model.inputs if b.name == target)
+            if other.layout_name == binding.layout_name:
+                problem = (
+                    f"`{binding.name}` and `{target}` both bind `{binding.layout_name}`: one "
+                    "collection, which shares its element count already"
+                )
+                hint = "remove the clause"
+        if problem is not None:
+            problems.append(Diagnostic("SOA312", problem, binding.same_n_as_span, hint))
+    return problems
+
+
+def _check_whole(model: Model) -> list[Diagnostic]:
+    """`whole` on inputs only, on all inputs of one layout or none, and on both ends of a
+    `same n as` or neither: a slice of one and the whole of the other differ in size."""
+    problems = [
+        Diagnostic(
+            "SOA313",
+            f"output `{binding.name}` declares `whole`: a `batch_size` call slices every output "
+            "with its inputs",
+            binding.whole_span,
+            "remove the clause",
+        )
+        for binding in model.outputs
+        if binding.whole_span is not None
+    ]
+    first_of_layout: dict[str, Binding] = {}
+    for binding in model.inputs:
+        first = first_of_layout.setdefault(binding.layout_name, binding)
+        if first.whole != binding.whole:
+            whole, sliced = (first, binding) if first.whole else (binding, first)
+            problems.append(
+                Diagnostic(
+                    "SOA313",
+                    f"`{whole.name}` is `whole` but `{sliced.name}` is not, and both bind "
+                    f"`{binding.layout_name}`: one collection is either sliced or passed whole",
+                    binding.whole_span or binding.span,
+                    f"write `whole` on every input of `{binding.layout_name}` in `{model.name}`, "
+                    "or on none",
+                    related=(("the other one", first.whole_span or first.span),),
+                )
+            )
+    for binding in model.inputs:
+        target = _same_n_target(model, binding)
+        if target is None or target.whole == binding.whole or binding.same_n_as_span is None:
+            continue
+        whole, sliced = (binding, target) if binding.whole else (target, binding)
+        problems.append(
+            Diagnostic(
+                "SOA313",
+                f"`{binding.name}` has the same n as `{target.name}`, but `{whole.name}` is "
+                f"`whole` and `{sliced.name}` is sliced: a slice would no longer match the whole",
+                binding.same_n_as_span,
+                f"write `whole` on both `{binding.name}` and `{target.name}`, or on neither",
+            )
+        )
     return problems
 
 

@@ -119,16 +119,34 @@ class Binding:
     indexes_span: Span | None = None
     # `contiguous`: where the clause stands; None without it.
     contiguous_span: Span | None = None
+    # `same n as NAME`: the input whose element count this input's collection shares, and where
+    # that name stands.
+    same_n_as: str | None = None
+    same_n_as_span: Span | None = None
+    # `whole`: where the clause stands; None without it. A whole input is passed entire to every
+    # slice of a `batch_size` call.
+    whole_span: Span | None = None
 
     @property
     def contiguous(self) -> bool:
         return self.contiguous_span is not None
 
     @property
+    def whole(self) -> bool:
+        return self.whole_span is not None
+
+    @property
     def trailing_clauses(self) -> str:
-        """` indexes NAME` and ` contiguous`, as canonical text writes them after the axes."""
+        """` indexes NAME`, ` same n as NAME`, ` whole` and ` contiguous`, as canonical text
+        writes them after the axes."""
         indexes = "" if self.indexes is None else f" indexes {self.indexes}"
-        return indexes + (" contiguous" if self.contiguous else "")
+        same_n = "" if self.same_n_as is None else f" same n as {self.same_n_as}"
+        return (
+            indexes
+            + same_n
+            + (" whole" if self.whole else "")
+            + (" contiguous" if self.contiguous else "")
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,10 @@ TERMINAL_WORDS: dict[str, str] = {
     "AS": "`as`",
     "INDEXES": "`indexes`",
     "INDEXED_NAME": "the name of the input it indexes",
+    "SAME": "`same`",
+    "_SAME_N": "`n`",
+    "SHARED_NAME": "the name of the input whose element count it shares",
+    "WHOLE": "`whole`",
     "CONTIGUOUS": "`contiguous`",
     "$END": "the end of the file",
 }
@@ -173,7 +177,28 @@ def _dangling_doc(doc: Token, found: Token, path: str) -> Diagnostic:
     )
 
 
-_KEYWORDS = {"import", "layout", "model", "align", "column", "scalar", "as", "input", "output"}
+_KEYWORDS = {
+    "import",
+    "layout",
+    "model",
+    "align",
+    "column",
+    "scalar",
+    "as",
+    "input",
+    "output",
+    "indexes",
+    "same",
+    "whole",
+    "contiguous",
+}
+
+# Words that may follow a binding's block; written out of order they get the order as a hint.
+_CLAUSE_TOKENS = {"AS", "INDEXES", "SAME", "WHOLE", "CONTIGUOUS"}
+_CLAUSE_ORDER = (
+    "a binding reads `input NAME = Layout{...} as [...] indexes NAME same n as NAME whole "
+    "contiguous`, in that order"
+)
 
 
 def _syntax_hint(token: Token, expected: set[str]) -> str | None:
@@ -187,11 +212,10 @@ def _syntax_hint(token: Token, expected: set[str]) -> str | None:
             return hint
     if token.type == "$END" and "RBRACE" in expected:
         return "a `{` is not closed"
-    if token.type == "AS" and "DIRECTION" in expected:
-        return (
-            "a binding reads `input NAME = Layout{...} as [...] indexes NAME contiguous`, in that "
-            "order"
-        )
+    if "_SAME_N" in expected or expected == {"AS"}:
+        return "the clause reads `same n as NAME`"
+    if token.type in _CLAUSE_TOKENS and "DIRECTION" in expected:
+        return _CLAUSE_ORDER
     return None
 
 
@@ -359,6 +383,10 @@ class _Builder:
         clauses = {part.data: part for part in parts[4:] if isinstance(part, Tree)}
         indexes = clauses["indexes"].children[0] if "indexes" in clauses else None
         assert indexes is None or isinstance(indexes, Token)
+        shared = clauses["same_n"].children[0] if "same_n" in clauses else None
+        assert shared is None or isinstance(shared, Token)
+        whole = clauses["whole"].children[0] if "whole" in clauses else None
+        assert whole is None or isinstance(whole, Token)
         contiguous = clauses["contiguous"].children[0] if "contiguous" in clauses else None
         assert contiguous is None or isinstance(contiguous, Token)
         if "axes" in clauses:
@@ -383,6 +411,9 @@ class _Builder:
             None if indexes is None else str(indexes),
             None if indexes is None else self.span(indexes),
             None if contiguous is None else self.span(contiguous),
+            None if shared is None else str(shared),
+            None if shared is None else self.span(shared),
+            None if whole is None else self.span(whole),
         )
 
     def axis(self, tree: Tree[Token]) -> Axis | None:

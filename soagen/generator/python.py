@@ -355,6 +355,10 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
             )
             block = _block_spec(binding, layout, function_name)
         indexes = () if binding.indexes is None else (f"indexes={string_literal(binding.indexes)}",)
+        same_n_as = (
+            () if binding.same_n_as is None else (f"same_n_as={string_literal(binding.same_n_as)}",)
+        )
+        whole = ("whole=True",) if binding.whole else ()
         contiguous = ("contiguous=True",) if binding.contiguous else ()
         spec = Call(
             f"{RUNTIME}.BindingSpec",
@@ -363,6 +367,8 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
                 string_literal(binding.direction.value),
                 block,
                 *indexes,
+                *same_n_as,
+                *whole,
                 *contiguous,
             ),
         )
@@ -452,19 +458,11 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         )
         # The binding's `///` doc, indented under its line as a member's doc follows its summary.
         bound += [f"{INDENT}{line}" for line in (b.doc.split("\n") if b.doc else [])]
-    indexed = [b.name for b in model.bindings if b.indexes is not None]
-    batching = (
-        f"`batch_size`: refused: the index input(s) {', '.join(indexed)} count from\n"
-        "the start of whole collections, which a slice would misread."
-        if indexed
-        else "`batch_size`: run in aligned slices of at most this many elements (every\n"
-        "collection of the call must then have the same size)."
-    )
     doc = (
         f"Run {model.name} on zero-copy views of the inputs; write its outputs into `out`.\n\n"
         + "\n".join(bound)
         + "\n\n`stream`: a CUDA stream instead of the current one.\n"
-        + batching
+        + _batching_doc(model)
     )
     lines.append(docstring(doc, body))
     lines += unpack
@@ -482,6 +480,29 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
         f"{body})",
     ]
     return tuple(lines)
+
+
+def _batching_doc(model: Model) -> str:
+    """What `batch_size` does for this model: it slices every input not declared `whole` and
+    every output, and is refused where an index input indexes a sliced input, since its values
+    count elements of the whole collection."""
+    whole = [b.name for b in model.inputs if b.whole]
+    refused = [b.name for b in model.inputs if b.indexes is not None and b.indexes not in whole]
+    if refused:
+        return (
+            f"`batch_size`: refused: the index input(s) {', '.join(refused)} count from\n"
+            "the start of whole collections, which a slice would misread."
+        )
+    if whole:
+        return (
+            "`batch_size`: run in aligned slices of at most this many elements; the whole\n"
+            f"input(s) {', '.join(whole)} go entire to every slice (every other collection\n"
+            "of the call must then have the same size)."
+        )
+    return (
+        "`batch_size`: run in aligned slices of at most this many elements (every\n"
+        "collection of the call must then have the same size)."
+    )
 
 
 @functools.cache
