@@ -7,6 +7,9 @@ Weights come from a fixed seed: the example downloads nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -60,3 +63,22 @@ def build_model(seed: int = 0) -> EdgeClassifierNet:
     """The factory `soagen compile --factory examples/gnn_model.py:build_model` calls."""
     torch.manual_seed(seed)
     return EdgeClassifierNet().eval()
+
+
+def fill_examples(collections: Mapping[str, Any]) -> None:
+    """What `soagen compile --examples examples/gnn_model.py:fill_examples` calls: an event with
+    realistic values in the example collections soagen allocated (layout name -> collection),
+    written in place: hits spread in space with positive energies, each edge joining two hits
+    with the distance and the z difference between them as its features."""
+    nodes, edges = collections["Nodes"], collections["Edges"]
+    generator = torch.Generator().manual_seed(nodes.size + edges.size)
+    for column in (nodes.x, nodes.y, nodes.z):
+        column.copy_(torch.randn(nodes.size, generator=generator) * 10)
+    nodes.energy.copy_(torch.empty(nodes.size).exponential_(0.2, generator=generator) + 0.5)
+    nodes.bfield.fill_(3.8)
+    for column in (edges.src, edges.dst):
+        column.copy_(torch.randint(0, nodes.size, (edges.size,), generator=generator))
+    source, target = edges.src.long(), edges.dst.long()
+    positions = nodes.block("node_features")[:, :3]
+    edges.delta_r.copy_((positions[source] - positions[target]).norm(dim=1))
+    edges.delta_eta.copy_(nodes.z[source] - nodes.z[target])

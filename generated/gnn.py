@@ -322,7 +322,12 @@ class EdgeClassifier(_soagen.ModelBinding):
     SCHEMA: _typing.ClassVar[str] = "schemas/gnn.soa"
 
     INPUTS: _typing.ClassVar[tuple[_soagen.BindingSpec, ...]] = (
-        _soagen.BindingSpec("node_features", "input", Nodes.BLOCKS["node_features"]),
+        _soagen.BindingSpec(
+            "node_features",
+            "input",
+            Nodes.BLOCKS["node_features"],
+            whole=True,
+        ),
         _soagen.BindingSpec(
             "edge_index",
             "input",
@@ -346,14 +351,15 @@ class EdgeClassifier(_soagen.ModelBinding):
     ) -> None:
         """Run EdgeClassifier on zero-copy views of the inputs; write its outputs into `out`.
 
-        input node_features: Nodes{x, y, z, energy} as [n, c]
+        input node_features: Nodes{x, y, z, energy} as [n, c] whole
         input edge_index: Edges{src, dst} as [c, n] indexes node_features
         input edge_features: Edges{delta_r, delta_eta} as [n, c]
         output edge_scores: EdgeScores{score} as [n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: refused: the index input(s) edge_index count from
-        the start of whole collections, which a slice would misread.
+        `batch_size`: run in aligned slices of at most this many elements; the whole
+        input(s) node_features go entire to every slice (every other collection
+        of the call must then have the same size).
         """
         self.run(
             {

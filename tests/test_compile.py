@@ -222,6 +222,19 @@ def test_gnn_package_runs_on_slices(
         torch.testing.assert_close(got.score[start:stop], want.score[start:stop])
 
 
+def test_gnn_package_runs_with_batch_size_passing_the_nodes_whole(
+    gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path
+) -> None:
+    """`node_features` is `whole`: batch_size slices the edges and the scores, each slice gets all
+    nodes, and `edge_index` (which indexes the nodes) stays valid in every slice."""
+    nodes, edges = _gnn_inputs(gnn, 300, 1000, seed=5)
+    compiled, eager = gnn.EdgeClassifier.load(gnn_package), gnn.EdgeClassifier(gnn_model)
+    expected, batched = gnn.EdgeScores.allocate(1000), gnn.EdgeScores.allocate(1000)
+    eager(nodes, edges, out=expected, batch_size=100)
+    compiled(nodes, edges, out=batched, batch_size=100)
+    torch.testing.assert_close(batched.score, expected.score)
+
+
 def test_inputs_go_in_without_copies(gnn: ModuleType, gnn_package: Path) -> None:
     """No copy, clone or contiguous of an input runs inside the runner. (The compiled model's own
     aten calls, such as copying a bias into an addmm output, do run: they have other shapes.)"""

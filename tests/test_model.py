@@ -698,3 +698,53 @@ def test_inputs_of_memory_whose_storage_starts_off_the_item_size_are_read_in_pla
     edges.src[0] = n  # one past the nodes: the range check reads the real indices too
     with pytest.raises(IndexRangeError, match=r"values 0\.\.8"):
         EdgeClassifier(Records())(nodes, edges, out=scores)
+
+
+SAME_N_SCHEMA = """
+layout Particles {
+    column float32 pt, eta, phi
+}
+layout Masks {
+    column uint8[3] mask
+}
+layout Reco {
+    column float32 reco_pt
+}
+model Masked {
+    input particles = Particles{pt, eta, phi} as [n, c]
+    input mask = Masks{mask} as [n, 3] same n as particles
+    output reco = Reco{reco_pt} as [n]
+}
+"""
+
+
+class MaskedSum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, particles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (particles * (1 - mask.to(particles.dtype))).sum(1)
+
+
+def test_inputs_declared_same_n_are_checked_before_the_model_runs(tmp_path: Path) -> None:
+    (tmp_path / "masked.soa").write_text(SAME_N_SCHEMA)
+    generate_package(tmp_path / "masked.soa", tmp_path, "pkg_same_n")
+    module = import_generated(tmp_path, "pkg_same_n", "masked")
+    assert module.Masked.binding("mask").same_n_as == "particles"
+    net = MaskedSum()
+    model = module.Masked(net)
+    particles, reco = module.Particles.allocate(5), module.Reco.allocate(5, zero=True)
+    particles.block("particles").copy_(torch.arange(15.0).reshape(5, 3))
+    with pytest.raises(
+        BindingError,
+        match=r"input 'mask' \(Masks, n=4\) must hold as many elements as input 'particles' "
+        r"\(Particles, n=5\): the schema declares `same n as particles`",
+    ):
+        model(particles, module.Masks.allocate(4, zero=True), out=reco)
+    assert net.calls == 0 and not reco.reco_pt.any()
+    mask = module.Masks.allocate(5, zero=True)
+    mask.mask[:, 1] = 1
+    model(particles, mask, out=reco)
+    torch.testing.assert_close(reco.reco_pt, torch.tensor([2.0, 8.0, 14.0, 20.0, 26.0]))

@@ -83,6 +83,8 @@ def describe_spec(spec: BindingSpec) -> dict[str, object]:
     }
     if spec.contiguous:  # exported as a row-major copy; absent otherwise, as older packages have it
         described["contiguous"] = True
+    if spec.same_n_as is not None:  # exported with one size for both; absent otherwise, as above
+        described["same_n_as"] = spec.same_n_as
     return described
 
 
@@ -299,6 +301,21 @@ def _spec_differences(
             f"{where}: exported for {exported}, but the schema "
             + ("declares" if new.get("contiguous") else "does not declare")
             + " `contiguous`"
+        )
+    if old.get("same_n_as") != new.get("same_n_as"):
+        problems.append(
+            f"{where}: "
+            + (
+                f"exported with the element count of {old['same_n_as']!r}"
+                if old.get("same_n_as")
+                else "exported with an element count of its own"
+            )
+            + ", but the schema "
+            + (
+                f"declares `same n as {new['same_n_as']}`"
+                if new.get("same_n_as")
+                else "declares no `same n as`"
+            )
         )
     if problems:
         return problems
