@@ -505,7 +505,7 @@ def test_a_model_that_writes_its_inputs_compiles_into_a_package_that_needs_prote
 def test_writes_the_example_does_not_reach_show_in_the_exported_graph(
     gnn: ModuleType,
 ) -> None:
-    from soagen.compile import _inputs_written
+    from soagen.compile import _inputs_written, _TorchLog
 
     class WritesSecondInput(torch.nn.Module):
         def forward(self, nodes: Any, edge_index: Any, edges: Any) -> Any:
@@ -515,8 +515,9 @@ def test_writes_the_example_does_not_reach_show_in_the_exported_graph(
     arguments = (torch.randn(5, 4), torch.zeros(2, 7, dtype=torch.int64), torch.randn(7, 2))
     exported = torch.export.export(WritesSecondInput(), arguments)
     # No eager run saw it (`seen` is empty): the functional graph still names the input.
-    assert _inputs_written(gnn.EdgeClassifier, exported, set()) == ["edge_features"]
-    assert _inputs_written(gnn.EdgeClassifier, exported, {0}) == [
+    log = _TorchLog(Path("unused.compile.log"))
+    assert _inputs_written(gnn.EdgeClassifier, exported, set(), log) == ["edge_features"]
+    assert _inputs_written(gnn.EdgeClassifier, exported, {0}, log) == [
         "node_features",
         "edge_features",
     ]

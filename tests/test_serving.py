@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 
 from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
-from soagen.runtime import BindingError, IndexRangeError, SoaRuntimeError  # noqa: E402
+from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
 from soagen.serving import (  # noqa: E402
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -490,17 +490,19 @@ def test_slices_are_sent_as_events(server: Served, local: EdgeClassifier) -> Non
     edges.dst.copy_(torch.arange(3000) * 7 % 952)
     out, expected = EdgeScores.allocate(3000, zero=True), EdgeScores.allocate(3000, zero=True)
     slices = ((0, 1024), (1024, 2048), (2048, 3000))
+    batched, expected_batched = EdgeScores.allocate(3000), EdgeScores.allocate(3000)
     with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
-        # batch_size would cut edges from the nodes their indices count from: refused unsent.
-        with pytest.raises(BindingError, match="batch_size: .*'edge_index' hold indices"):
-            remote(nodes, edges, out=out, batch_size=1024)
-        assert remote.stats.calls == 0 and not out.score.any()
         for start, stop in slices:
             remote(nodes[start:stop], edges[start:stop], out=out[start:stop])
         assert remote.stats.calls == 3
+        # batch_size slices the edges and sends every event all nodes (`node_features` is whole).
+        remote(nodes, edges, out=batched, batch_size=1024)
+        assert remote.stats.calls == 6
     for start, stop in slices:
         local(nodes[start:stop], edges[start:stop], out=expected[start:stop])
     assert torch.equal(out.score, expected.score)
+    local(nodes, edges, out=expected_batched, batch_size=1024)
+    torch.testing.assert_close(batched.score, expected_batched.score)
 
 
 @needs_triton
