@@ -257,6 +257,29 @@ def test_a_right_compile_is_checked_once_per_graph(gnn, monkeypatch) -> None:  #
     assert len(checks) == 1 and len(model.compiled_graphs) == 1
 
 
+class DoublesItsEdges(nn.Module):
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor
+    ) -> torch.Tensor:
+        edges.mul_(2)
+        return edges[:, 0] + 1  # a tensor of its own, not a view of the input
+
+
+def test_a_compiled_model_that_writes_its_inputs_is_reported_as_such(gnn) -> None:  # type: ignore[no-untyped-def]
+    """The check's eager run reads inputs the compiled run already wrote, so the two differ; a
+    rerun of both on copies tells that from a miscompile, and the binding reports the write."""
+    from generated.gnn import EdgeClassifier
+
+    from soagen.runtime import InputModifiedError
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    copy = type(edges).allocate(edges.size)
+    copy.buffer.copy_(edges.buffer)
+    model = EdgeClassifier(DoublesItsEdges(), backend="compile")
+    with pytest.raises(InputModifiedError, match="wrote into its input 'edge_features'"):
+        model(nodes, copy, out=EdgeScores.allocate(N_EDGES))
+
+
 def test_fallback_to_eager_is_for_the_compile_backend(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
 
