@@ -269,7 +269,6 @@ def test_a_compiled_model_that_writes_its_inputs_is_reported_as_such(gnn) -> Non
     """The check's eager run reads inputs the compiled run already wrote, so the two differ; a
     rerun of both on copies tells that from a miscompile, and the binding reports the write."""
     from generated.gnn import EdgeClassifier
-
     from soagen.runtime import InputModifiedError
 
     _, nodes, edges, EdgeScores, _ = gnn

@@ -1154,3 +1154,13 @@ def test_the_client_takes_a_served_block_of_scalars_once_per_event(tmp_path: Pat
         if torch.cuda.is_available():
             on_gpu = _wire_source(hits.to("cuda"), block, one)
             assert on_gpu.shape == (1,) and on_gpu.tolist() == [2.5]
+
+
+def test_examples_need_a_model_checked_here(
+    tmp_path: Path, gnn_build: tuple[Path, str, str]
+) -> None:
+    status, _, stderr = run_cli(
+        "triton", str(GNN), "--model", "EdgeClassifier", "--package", str(gnn_build[0]),
+        *GNN_SIZES, "--examples", "examples/gnn_model.py:fill_examples", "-o", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert status == 2 and "a .pt2 package is not checked again: give --factory" in stderr, stderr

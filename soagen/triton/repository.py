@@ -122,6 +122,12 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
                 f"needs --runtime aot and --factory",
                 usage=True,
             )
+    if request.examples is not None and request.factory is None and runtime == "aot":
+        raise TritonError(
+            "--examples fills the example collections a model is checked on here, and a .pt2 "
+            "package is not checked again: give --factory, or leave --examples out",
+            usage=True,
+        )
     if request.naming == "forward" and request.package is not None and runtime == "aot":
         raise TritonError(
             "--naming forward needs the forward's argument names, which a .pt2 package does "
