@@ -139,11 +139,13 @@ class TorchScriptBackend(Backend):
 class CompileBackend(Backend):
     """`torch.compile`: the first call on each device compiles (seconds), later calls reuse it.
 
-    Each call that compiles a new graph (the first, and every recompile: a new pattern of sizes or
-    strides) runs the eager module on the same inputs too and compares every output, once per
-    graph: a disagreement raises `CompiledModelMismatchError`, naming the output, the element
-    counts and the difference, before anything is written; with `fallback_to_eager` it warns once
-    and runs that device eagerly from then on. `graphs` records each compile and why it happened.
+    The first call of each placed runner, and each call that compiles a new graph (a recompile:
+    a new pattern of sizes or strides), runs the eager module on the same inputs too and compares
+    every output: a disagreement raises `CompiledModelMismatchError`, naming the output, the
+    element counts and the difference, before anything is written. The graph stays in torch's
+    cache, where later calls (of any binding of the same model class) would find it unchecked, so
+    that device is refused from then on, `close()` included; with `fallback_to_eager` it warns once
+    and runs that device eagerly instead. `graphs` records each compile and why it happened.
     """
 
     kind = "compile"
@@ -164,10 +166,13 @@ class CompileBackend(Backend):
         self.fallback_to_eager = fallback_to_eager
         self._graphs: list[CompiledGraph] = []
         self._failures_seen: dict[object, int] = {}
+        # Per device, kept across `release()`: a disagreement found there, once one was.
+        self._disagreements: dict[torch.device, str] = {}
 
     @property
     def graphs(self) -> tuple[CompiledGraph, ...]:
-        """Every compile that calls through this backend started, in order."""
+        """Every compile seen during calls through this backend, in order (Dynamo counts graphs
+        per process: another thread's compile at the same moment is seen too)."""
         with self._lock:
             return tuple(self._graphs)
 
@@ -182,12 +187,20 @@ class CompileBackend(Backend):
         compiled = torch.compile(module, **self.options)  # type: ignore[call-overload]
         first_call = threading.Lock()
         warm = threading.Event()
-        eager_from_now = threading.Event()
+        # Graphs torch cached before (another binding of the same class, a released runner) serve
+        # this runner's first call without compiling: that call is checked all the same.
+        checked = threading.Event()
         self._note_failures()
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
-            if eager_from_now.is_set():
-                return module(*inputs)
+            disagreement = self._disagreements.get(device)
+            if disagreement is not None:
+                if self.fallback_to_eager:
+                    return module(*inputs)
+                raise CompiledModelMismatchError(
+                    f"{disagreement} (an earlier call on {device}; later calls there are refused: "
+                    f"they would reuse that graph)"
+                )
             outermost = not _general_shapes.wanted
             _general_shapes.wanted = True
             try:
@@ -204,25 +217,29 @@ class CompileBackend(Backend):
                     _general_shapes.wanted = False
                     # Dynamo's end callback may have run in another thread (see below).
                     _restore_shapes()
-            if _graph_count() != before:  # another thread's compile may count too: checked twice
-                self._record(device, inputs, _graph_count() - before)
-                reference = module(*inputs)
-                try:
-                    self._check(inputs, result, reference)
-                except CompiledModelMismatchError as error:
-                    if _agree_on_copies(compiled, module, inputs):
-                        # The model writes into its inputs, so the eager run above read other
-                        # values than the compiled one did: the binding reports that write.
-                        return result
-                    if not self.fallback_to_eager:
-                        raise
-                    eager_from_now.set()
-                    warnings.warn(
-                        f"{error}; running eagerly on {device} from now on",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                    return reference
+            compiles = _graph_count() - before  # another thread's compile may count: checked twice
+            if not compiles and checked.is_set():
+                return result
+            checked.set()
+            if compiles:
+                self._record(device, inputs, compiles)
+            reference = module(*inputs)
+            try:
+                self._check(inputs, result, reference)
+            except CompiledModelMismatchError as error:
+                if _agree_on_copies(compiled, module, inputs):
+                    # The model writes into its inputs, so the eager run above read other values
+                    # than the compiled one did: the binding reports that write.
+                    return result
+                self._disagreements[device] = str(error)
+                if not self.fallback_to_eager:
+                    raise
+                warnings.warn(
+                    f"{error}; running eagerly on {device} from now on",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return reference
             return result
 
         return _in_eval_mode(self.module, run)
@@ -308,12 +325,15 @@ def _agree_on_copies(
     from soagen.runtime.agreement import first_disagreement
 
     def copies() -> list[torch.Tensor]:
+        # One copy per storage: inputs of one collection keep sharing memory, as they did.
+        storages: dict[int, torch.UntypedStorage] = {}
+        for t in inputs:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages[storage.data_ptr()] = storage.clone()  # type: ignore[no-untyped-call]
         return [
             torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                t.untyped_storage().clone(),  # type: ignore[no-untyped-call]
-                t.storage_offset(),
-                t.shape,
-                t.stride(),
+                storages[t.untyped_storage().data_ptr()], t.storage_offset(), t.shape, t.stride()
             )
             for t in inputs
         ]
