@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -186,12 +187,12 @@ def _build_package(
         sizes = example_sizes(binding, layouts)
         inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill)
         results, written = check_eager(binding, reference, inputs)
-        check_finite(binding, results, sizes)
+        check_finite(binding, results, sizes, fill)
         wrapped: torch.nn.Module = reference
         if layers is not None:
             wrapped = SchemaOrder(layers[0], binding)
             rewritten, _ = run_on_copies(wrapped, inputs)
-            check_agreement(binding, "the columnwise model", rewritten, results, sizes)
+            check_agreement(binding, "the columnwise model", rewritten, results, sizes, fill)
         arguments = list(inputs)
         variable: list[bool] = []  # per output written: its element count follows an input's
         if variant.write_outputs:
@@ -508,19 +509,23 @@ _HINT_STARTS = ("consider", "hint", "suggested fix", "you can", "try ", "to fix"
 def _user_frames(error: BaseException) -> list[str]:
     """`file:line in function: source` of the innermost frames of `error` outside torch, soagen
     and Python's own library: where the user's model code failed (its last two)."""
-    ignored = [
-        Path(torch.__file__).parent,
-        Path(soagen.__file__).parent,
-        Path(contextlib.__file__).parent,
-    ]
     frames = []
     for frame in traceback.extract_tb(error.__traceback__):
-        path = Path(frame.filename)
-        if frame.filename.startswith("<") or any(path.is_relative_to(root) for root in ignored):
-            continue
-        source = f": {frame.line.strip()}" if frame.line else ""
-        frames.append(f"{frame.filename}:{frame.lineno} in {frame.name}{source}")
+        if not frame.filename.startswith("<") and _is_users(Path(frame.filename)):
+            source = f": {frame.line.strip()}" if frame.line else ""
+            frames.append(f"{frame.filename}:{frame.lineno} in {frame.name}{source}")
     return frames[-2:]
+
+
+def _is_users(path: Path) -> bool:
+    """Whether `path` is neither torch's nor soagen's code nor Python's own library (whose
+    folder may hold site-packages, where installed model code such as weaver-core's lies)."""
+    if any(path.is_relative_to(Path(str(m.__file__)).parent) for m in (torch, soagen)):
+        return False
+    paths = sysconfig.get_paths()
+    if any(path.is_relative_to(paths[key]) for key in ("purelib", "platlib")):
+        return True
+    return not path.is_relative_to(paths["stdlib"])
 
 
 def _verify(
@@ -552,7 +557,7 @@ def _verify(
         else:
             with torch.inference_mode():
                 actual = typing.cast(list[torch.Tensor], runner(inputs))
-        check_agreement(binding, "the compiled package", actual, expected, sizes)
+        check_agreement(binding, "the compiled package", actual, expected, sizes, fill)
 
 
 __all__ = ["CompileError", "compile_model"]

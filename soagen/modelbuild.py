@@ -152,7 +152,8 @@ class ExampleFill:
         from soagen.runtime.model import indices_outside
 
         try:
-            returned = self.function(dict(collections))
+            with _folder_importable(self.path):  # for the sibling modules it imports when called
+                returned = self.function(dict(collections))
         except Exception as error:
             raise CommandError(
                 f"--examples {self.text} raised {type(error).__name__}"
@@ -222,32 +223,43 @@ def _imported_function(
     if spec is None or spec.loader is None:
         raise CommandError(f"{path_text} is not a Python file Python can import", usage=True)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))
     sys.modules[name] = module
     try:
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            raise CommandError(
-                f"importing {path_text} failed{_raised_at(error, path)}: "
-                f"{type(error).__name__}: {error}"
-            ) from error
-        function = getattr(module, function_name, None)
-        if function is None or not callable(function):
-            defined = sorted(
-                key
-                for key, value in vars(module).items()
-                if inspect.isfunction(value) and value.__module__ == name
-            )
-            raise CommandError(
-                f"{path_text} has no function {function_name!r}"
-                + (f"; it defines {', '.join(defined)}" if defined else ""),
-                usage=True,
-            )
-        yield function, module, path
+        with _folder_importable(path):
+            try:
+                spec.loader.exec_module(module)
+            except Exception as error:
+                raise CommandError(
+                    f"importing {path_text} failed{_raised_at(error, path)}: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            function = getattr(module, function_name, None)
+            if function is None or not callable(function):
+                defined = sorted(
+                    key
+                    for key, value in vars(module).items()
+                    if inspect.isfunction(value) and value.__module__ == name
+                )
+                raise CommandError(
+                    f"{path_text} has no function {function_name!r}"
+                    + (f"; it defines {', '.join(defined)}" if defined else ""),
+                    usage=True,
+                )
+            yield function, module, path
     finally:
-        sys.path.remove(str(path.resolve().parent))
         sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def _folder_importable(path: Path) -> Iterator[None]:
+    """The folder of `path` first on `sys.path` while the block runs, as `python FILE.py` has
+    it: a factory or --examples file imports the modules beside it."""
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
 
 
 def _raised_at(error: BaseException, path: Path) -> str:
@@ -454,10 +466,11 @@ def check_agreement(
     actual: Sequence[torch.Tensor],
     expected: Sequence[torch.Tensor],
     sizes: Mapping[str, int],
+    fill: ExampleFill | None = None,
 ) -> None:
-    """`what`'s outputs must agree with the eager model's, run on inputs of `sizes`; the eager
-    results must be finite, or the comparison proves nothing (`check_finite`)."""
-    check_finite(binding, expected, sizes)
+    """`what`'s outputs must agree with the eager model's, run on inputs of `sizes` (filled by
+    `fill`, if given); the eager results must be finite, or the comparison proves nothing."""
+    check_finite(binding, expected, sizes, fill)
     names = [spec.name for spec in binding.OUTPUTS]
     found = first_disagreement(names, actual, expected)
     if found is not None:
@@ -468,7 +481,10 @@ def check_agreement(
 
 
 def check_finite(
-    binding: type[ModelBinding], results: Sequence[torch.Tensor], sizes: Mapping[str, int]
+    binding: type[ModelBinding],
+    results: Sequence[torch.Tensor],
+    sizes: Mapping[str, int],
+    fill: ExampleFill | None = None,
 ) -> None:
     """The eager model's results on example inputs must be finite: a NaN or infinite reference
     makes any check against it meaningless, and usually means the example values are not what
@@ -476,11 +492,15 @@ def check_finite(
     found = nonfinite_outputs([spec.name for spec in binding.OUTPUTS], results)
     if found:
         described = "; ".join(f"{name!r}: {count} of {total}" for name, count, total in found)
+        remedy = (
+            "The example floats are random normals: give realistic values with --examples "
+            "FILE.py:FUNCTION, a function that fills the example collections in place"
+            if fill is None
+            else f"Make the values --examples {fill.text} writes realistic for the model"
+        )
         raise CommandError(
             f"the eager model itself returns NaN or infinite values on the example inputs "
-            f"({_shown(sizes)}; {described}), so nothing can be checked against it. The example "
-            f"floats are random normals: give realistic values with --examples FILE.py:FUNCTION, "
-            f"a function that fills the example collections in place"
+            f"({_shown(sizes)}; {described}), so nothing can be checked against it. {remedy}"
         )
 
 

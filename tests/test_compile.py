@@ -1109,6 +1109,12 @@ def returns_something(collections):
 
 def indices_out_of_range(collections):
     collections["Edges"].src.fill_(collections["Nodes"].size)
+
+
+def from_a_sibling(collections):
+    from mass_helpers import momenta_above_energies
+
+    momenta_above_energies(collections["Edges"])
 """
 
 
@@ -1134,6 +1140,18 @@ def test_a_nan_reference_is_named_and_examples_give_realistic_values(tmp_path: P
         tmp_path, "--examples", f"{factory_file}:absent", factory=f"{factory_file}:build"
     )
     assert status == 2 and "has no function 'absent'" in stderr, stderr
+    # A module beside the --examples file is importable when the function runs; the values it
+    # writes still give NaN, and the message says whose values those are.
+    (tmp_path / "mass_helpers.py").write_text(
+        "def momenta_above_energies(edges):\n"
+        "    edges.delta_r.fill_(1.0)\n"
+        "    edges.delta_eta.fill_(2.0)\n"
+    )
+    status, stderr = _cli_compile(
+        tmp_path, "--examples", f"{factory_file}:from_a_sibling", factory=f"{factory_file}:build"
+    )
+    assert status == 1, stderr
+    assert f"Make the values --examples {factory_file}:from_a_sibling writes realistic" in stderr
     # With realistic values the package is built, and checked at every trial size.
     package = tmp_path / "mass.pt2"
     status, _, stderr = run_cli(

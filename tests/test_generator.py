@@ -149,7 +149,7 @@ def test_batch_size_doc_follows_which_inputs_are_whole() -> None:
     assert "input(s) node_features, node_mask go entire to every slice" in batched
     # An index input of a sliced input: refused, whatever else is whole.
     sliced = _call_doc(masked, "SlicedNodes")
-    assert "`batch_size`: refused: the index input(s) edge_index count from" in sliced
+    assert "`batch_size`: refused: the index input(s) edge_index number" in sliced
     # No index input and nothing whole: every collection is sliced alike.
     assert "elements (every\n        collection of the call" in _call_doc(masked, "MaskedNet")
 

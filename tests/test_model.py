@@ -31,6 +31,10 @@ model Transposed {
     input points_t = Points{x, y, z} as [c, n]
     output scores_t = Scores{a, b} as [c, n]
 }
+model AllWhole {
+    input points = Points{x, y, z} as [n, c] whole
+    output scores = Scores{a, b} as [n, c]
+}
 model Neighbours {
     input points = Points{x, y, z} as [n, c]
     input neighbour = Points{label} as [n] indexes points
@@ -748,3 +752,13 @@ def test_inputs_declared_same_n_are_checked_before_the_model_runs(tmp_path: Path
     mask.mask[:, 1] = 1
     model(particles, mask, out=reco)
     torch.testing.assert_close(reco.reco_pt, torch.tensor([2.0, 8.0, 14.0, 20.0, 26.0]))
+
+
+def test_batch_size_refuses_a_model_whose_inputs_are_all_whole(mlp_module) -> None:  # type: ignore[no-untyped-def]
+    model = mlp_module.AllWhole(Linear32())
+    points, scores = _points(mlp_module, 40), mlp_module.Scores.allocate(40, zero=True)
+    with pytest.raises(BindingError, match="every input of AllWhole is declared `whole`"):
+        model(points, out=scores, batch_size=16)
+    assert not scores.a.any()
+    model(points, out=scores)
+    torch.testing.assert_close(scores.a, Linear32()(points.block("points"))[:, 0].detach())

@@ -811,3 +811,28 @@ def test_a_model_the_server_does_not_serve_is_a_configuration_error(server: Serv
     with EdgeClassifier.remote(server.url, model_name="Other") as remote:
         with pytest.raises(RemoteConfigurationError, match="does not serve 'Other'"):
             remote(nodes, edges, out=EdgeScores.allocate(10))
+
+
+def test_events_of_inputs_declared_same_n_must_agree(tmp_path: Path) -> None:
+    """A Triton client sends each input as its own tensor: the server's loader checks `same n as`
+    as a local call does, before anything runs (an eager model could broadcast a mask of one)."""
+    from soagen.serving.events import EventError, EventInput, EventLoader
+    from soagen.serving.wire import declared_order, wire_tensors
+
+    from .helpers import REPO, generate_package, import_generated
+
+    generate_package(REPO / "tests" / "peer" / "peer.soa", tmp_path, "pkg_events_same_n")
+    module = import_generated(tmp_path, "pkg_events_same_n", "peer")
+    specs = module.MaskedNet.INPUTS
+    wires = wire_tensors(specs)
+    loader = EventLoader(
+        [EventInput(w.name, s, declared_order(w).dims) for s, w in zip(specs, wires, strict=True)],
+        {"Particle": module.Particle, "Mask": module.Mask},
+    )
+    particles, mask = torch.rand(100, 3), torch.zeros(100, 3, dtype=torch.uint8)
+    assert loader.event({"particles": particles, "mask": mask}).sizes == {
+        "Particle": 100,
+        "Mask": 100,
+    }
+    with pytest.raises(EventError, match=r"input 'mask' holds 1 elements and 'particles' 100"):
+        loader.event({"particles": particles, "mask": mask[:1]})

@@ -490,8 +490,8 @@ def _batching_doc(model: Model) -> str:
     refused = [b.name for b in model.inputs if b.indexes is not None and b.indexes not in whole]
     if refused:
         return (
-            f"`batch_size`: refused: the index input(s) {', '.join(refused)} count from\n"
-            "the start of whole collections, which a slice would misread."
+            f"`batch_size`: refused: the index input(s) {', '.join(refused)} number\n"
+            "elements of inputs a slice would cut; declare those inputs `whole`."
         )
     if whole:
         return (

@@ -336,6 +336,12 @@ class ModelBinding:
         if stream is None and batch_size is None:
             self._run_once(inputs, outputs, device)  # the common call, without a context manager
             return
+        if batch_size is not None and len(self._whole_inputs) == len(cls.INPUTS):
+            raise BindingError(
+                f"batch_size: every input of {cls.NAME} is declared `whole`, so each slice would "
+                f"get the same inputs and compute all its elements again; run it without "
+                f"batch_size"
+            )
         if batch_size is not None and self._sliced_index_targets:
             # Refused whatever the event's size, not only once it needs more than one slice.
             pairs = ", ".join(

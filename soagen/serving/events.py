@@ -111,6 +111,14 @@ class EventLoader:
         for item in self.inputs:
             if item.scalar and item.layout not in sizes:
                 raise EventError(f"no input gives the element count of {item.layout}")
+        for item in self.inputs:
+            other = item.spec.same_n_as
+            if other is not None and sizes.get(item.layout) != sizes.get(self.layout_of[other]):
+                raise EventError(
+                    f"input {item.tensor!r} holds {sizes.get(item.layout)} elements and "
+                    f"{self.tensor_name(other)!r} {sizes.get(self.layout_of[other])}: the schema "
+                    f"declares `same n as {other}`"
+                )
         for index_name, bound_name in self.index_bounds.items():
             bound = sizes[self.layout_of[bound_name]]
             found = indices_outside(tensors[index_name], bound)

@@ -490,7 +490,7 @@ def _check_model(
     sizes = example_sizes(binding, layouts)
     inputs = example_inputs(binding, layouts, sizes, bounds, torch.device("cpu"), 0, fill)
     results, _ = check_eager(binding, wrapped, inputs)
-    check_finite(binding, results, sizes)
+    check_finite(binding, results, sizes, fill)
     return _Checked(wrapped, sizes, fill)
 
 
@@ -589,7 +589,7 @@ def _verify(
                 actual = outputs_in_schema_order(binding, module(*contiguous))
             except Exception as error:
                 raise TritonError(f"{what} fails: {type(error).__name__}: {error}") from None
-        check_agreement(binding, what, actual, expected, sizes)
+        check_agreement(binding, what, actual, expected, sizes, checked.fill)
 
 
 # The Python backend's files.

@@ -590,8 +590,8 @@ class SlicedNodes(_soagen.ModelBinding):
         output edge_scores: Scores{score} as [n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: refused: the index input(s) edge_index count from
-        the start of whole collections, which a slice would misread.
+        `batch_size`: refused: the index input(s) edge_index number
+        elements of inputs a slice would cut; declare those inputs `whole`.
         """
         self.run(
             {

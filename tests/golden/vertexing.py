@@ -171,8 +171,8 @@ class VertexFinder(_soagen.ModelBinding):
         output positions: Vertices{x, y, z} as [c, n]
 
         `stream`: a CUDA stream instead of the current one.
-        `batch_size`: refused: the index input(s) track_of count from
-        the start of whole collections, which a slice would misread.
+        `batch_size`: refused: the index input(s) track_of number
+        elements of inputs a slice would cut; declare those inputs `whole`.
         """
         self.run(
             {
