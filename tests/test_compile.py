@@ -28,6 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from soagen.compile import CompileError, compile_model  # noqa: E402
+from soagen.errors import CommandError  # noqa: E402
 from soagen.runtime.aot import METADATA_KEY, AotBackend  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
     BindingError,
@@ -1174,3 +1175,40 @@ def test_a_nan_reference_is_named_and_examples_give_realistic_values(tmp_path: P
     scores = gnn_module.EdgeScores.allocate(300)
     gnn_module.EdgeClassifier.load(package)(nodes, edges, out=scores)
     torch.testing.assert_close(scores.score, torch.sqrt(edges.delta_r**2 - edges.delta_eta**2))
+
+
+def test_the_package_check_refuses_a_package_that_disagrees(
+    gnn: ModuleType, gnn_model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in for a miscompiled package (its scores off by 0.5): the check after compiling
+    names the output, the sizes and the difference, so no such package is written."""
+    import soagen.compile as compile_module
+    from soagen.modelbuild import SchemaOrder, example_sizes, layout_classes
+
+    class OffByHalf:
+        writes_outputs = False
+
+        def __init__(self, package: Path, binding: Any) -> None:
+            self.model = SchemaOrder(gnn_model, binding)
+
+        def on(self, device: Any) -> Callable[[list[Any]], list[Any]]:
+            return lambda inputs: [result + 0.5 for result in self.model(*inputs)]
+
+    monkeypatch.setattr(compile_module, "AotBackend", OffByHalf)
+    binding, layouts = gnn.EdgeClassifier, layout_classes(gnn)
+    sizes = example_sizes(binding, layouts)
+    with pytest.raises(
+        CommandError,
+        match=r"the compiled package disagrees with the eager model on output 'edge_scores' for "
+        r"Nodes n=2049, Edges n=2305: 2305 of 2305 values differ.*largest difference 0\.5",
+    ):
+        compile_module._verify(
+            binding,
+            layouts,
+            SchemaOrder(gnn_model, binding),
+            Path("stand-in.pt2"),
+            sizes,
+            {"edge_index": "node_features"},
+            torch.device("cpu"),
+            None,
+        )
