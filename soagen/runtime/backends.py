@@ -34,6 +34,7 @@ from soagen.runtime.errors import CompiledModelMismatchError, ModelLoadError
 if typing.TYPE_CHECKING:
     import torch
 
+    from soagen.runtime.agreement import Disagreement
     from soagen.runtime.model import ModelBinding
 
 KINDS = ("eager", "torchscript", "compile", "aot")
@@ -181,6 +182,7 @@ class CompileBackend(Backend):
 
     def place(self, device: torch.device) -> Runner:
         import torch
+        from torch._dynamo.utils import counters  # imported once: a call reads it twice
 
         _install_general_shapes()
         module = _module_on(self.module, device)
@@ -204,7 +206,8 @@ class CompileBackend(Backend):
             outermost = not _general_shapes.wanted
             _general_shapes.wanted = True
             try:
-                before = _graph_count()
+                # Graphs Dynamo has compiled in this process (every thread, every model).
+                before = counters["stats"]["unique_graphs"]
                 # Threads must not trace the same function at once: the first call compiles alone.
                 if not warm.is_set():
                     with first_call:
@@ -217,7 +220,8 @@ class CompileBackend(Backend):
                     _general_shapes.wanted = False
                     # Dynamo's end callback may have run in another thread (see below).
                     _restore_shapes()
-            compiles = _graph_count() - before  # another thread's compile may count: checked twice
+            # Another thread's compile may count too: this call is then checked needlessly.
+            compiles = counters["stats"]["unique_graphs"] - before
             if not compiles and checked.is_set():
                 return result
             checked.set()
@@ -227,7 +231,7 @@ class CompileBackend(Backend):
             try:
                 self._check(inputs, result, reference)
             except CompiledModelMismatchError as error:
-                if _agree_on_copies(compiled, module, inputs):
+                if self._agree_on_copies(compiled, module, inputs):
                     # The model writes into its inputs, so the eager run above read other values
                     # than the compiled one did: the binding reports that write.
                     return result
@@ -273,6 +277,20 @@ class CompileBackend(Backend):
 
     def _check(self, inputs: Sequence[torch.Tensor], result: object, reference: object) -> None:
         """The new graph's results must agree with the eager module's on the same inputs."""
+        found = self._disagreement(result, reference)
+        if found is None:
+            return
+        name = self.binding.NAME if self.binding is not None else self.description
+        raise CompiledModelMismatchError(
+            f"{name}: the graph torch.compile made for this call disagrees with the eager model "
+            f"on output {found.output!r} at {_element_counts(self.binding, inputs)}: "
+            f"{found.detail}; nothing was written. Run it with backend='eager' (or 'torchscript', "
+            f"or an AOT package, which `soagen compile` checks), or pass fallback_to_eager=True"
+        )
+
+    def _disagreement(self, result: object, reference: object) -> Disagreement | None:
+        """How the compiled module's return value differs from the eager one's, output by output
+        (in schema order with a binding); None where they agree."""
         from soagen.runtime.agreement import Disagreement, first_disagreement
 
         if self.binding is None:
@@ -284,22 +302,41 @@ class CompileBackend(Backend):
             labels = [spec.name for spec in self.binding.OUTPUTS]
             actual = outputs_in_schema_order(self.binding, result)
             expected = outputs_in_schema_order(self.binding, reference)
-        found = (
-            first_disagreement(labels, actual, expected)
-            if len(actual) == len(expected)
-            else Disagreement(
+        if len(actual) != len(expected):
+            return Disagreement(
                 "*", f"{len(actual)} tensors returned, the eager model {len(expected)}"
             )
-        )
-        if found is None:
-            return
-        name = self.binding.NAME if self.binding is not None else self.description
-        raise CompiledModelMismatchError(
-            f"{name}: the graph torch.compile made for this call disagrees with the eager model "
-            f"on output {found.output!r} at {_element_counts(self.binding, inputs)}: "
-            f"{found.detail}; nothing was written. Run it with backend='eager' (or 'torchscript', "
-            f"or an AOT package, which `soagen compile` checks), or pass fallback_to_eager=True"
-        )
+        return first_disagreement(labels, actual, expected)
+
+    def _agree_on_copies(
+        self,
+        compiled: Callable[..., object],
+        module: Callable[..., object],
+        inputs: Sequence[torch.Tensor],
+    ) -> bool:
+        """Whether the compiled and the eager module agree when each runs on its own copy of the
+        inputs as they are now (same strides, so no new graph): after a disagreement on the
+        inputs themselves, this tells a model that writes into its inputs from a miscompile."""
+        import torch
+
+        def copies() -> list[torch.Tensor]:
+            # One copy per storage: inputs of one collection keep sharing memory, as they did.
+            storages: dict[int, torch.UntypedStorage] = {}
+            for t in inputs:
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in storages:
+                    storages[storage.data_ptr()] = storage.clone()  # type: ignore[no-untyped-call]
+            return [
+                torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                    storages[t.untyped_storage().data_ptr()],
+                    t.storage_offset(),
+                    t.shape,
+                    t.stride(),
+                )
+                for t in inputs
+            ]
+
+        return self._disagreement(compiled(*copies()), module(*copies())) is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,42 +349,6 @@ class CompiledGraph:
     graphs: int
     inputs: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
     reasons: tuple[str, ...]
-
-
-def _agree_on_copies(
-    compiled: Callable[..., object], module: Callable[..., object], inputs: Sequence[torch.Tensor]
-) -> bool:
-    """Whether the compiled and the eager module agree when each runs on its own copy of the
-    inputs as they are now (same strides, so no new graph): after a disagreement on the inputs
-    themselves, this tells a model that writes into its inputs from a miscompiled one."""
-    import torch
-
-    from soagen.runtime.agreement import first_disagreement
-
-    def copies() -> list[torch.Tensor]:
-        # One copy per storage: inputs of one collection keep sharing memory, as they did.
-        storages: dict[int, torch.UntypedStorage] = {}
-        for t in inputs:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in storages:
-                storages[storage.data_ptr()] = storage.clone()  # type: ignore[no-untyped-call]
-        return [
-            torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                storages[t.untyped_storage().data_ptr()], t.storage_offset(), t.shape, t.stride()
-            )
-            for t in inputs
-        ]
-
-    actual, expected = _as_tensors(compiled(*copies())), _as_tensors(module(*copies()))
-    names = [f"output {i}" for i in range(len(expected))]
-    return len(actual) == len(expected) and first_disagreement(names, actual, expected) is None
-
-
-def _graph_count() -> int:
-    """Graphs Dynamo has compiled in this process (every thread, every model)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def _as_tensors(result: object) -> list[torch.Tensor]:
