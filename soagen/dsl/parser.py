@@ -381,14 +381,16 @@ class _Builder:
         axes: tuple[Axis, ...] | None = None
         axes_span: Span | None = None
         clauses = {part.data: part for part in parts[4:] if isinstance(part, Tree)}
-        indexes = clauses["indexes"].children[0] if "indexes" in clauses else None
-        assert indexes is None or isinstance(indexes, Token)
-        shared = clauses["same_n"].children[0] if "same_n" in clauses else None
-        assert shared is None or isinstance(shared, Token)
-        whole = clauses["whole"].children[0] if "whole" in clauses else None
-        assert whole is None or isinstance(whole, Token)
-        contiguous = clauses["contiguous"].children[0] if "contiguous" in clauses else None
-        assert contiguous is None or isinstance(contiguous, Token)
+        # The one token each clause after the block keeps (its name, or its keyword).
+        tokens = {
+            clause: child
+            for clause in ("indexes", "same_n", "whole", "contiguous")
+            if clause in clauses
+            for child in clauses[clause].children[:1]
+            if isinstance(child, Token)
+        }
+        indexes, shared = tokens.get("indexes"), tokens.get("same_n")
+        whole, contiguous = tokens.get("whole"), tokens.get("contiguous")
         if "axes" in clauses:
             axes_tree = clauses["axes"].children[0]
             assert isinstance(axes_tree, Tree)
