@@ -81,7 +81,7 @@ def main() -> int:
     repeats = 3 if args.quick else 10
 
     sys.path.insert(0, str(REPO))
-    from soagen.lint import lint
+    from soagen.tools.lint import lint
 
     folder = Path(tempfile.mkdtemp(prefix="soagen-bench-lint-"))
     (folder / "common.soa").write_text(COMMON)

@@ -179,7 +179,7 @@ def generated_module(schema: Path, workdir: Path, package: str) -> ModuleType:
 
 def has_aot_compiler() -> bool:
     try:
-        importlib.import_module("soagen.compile")
+        importlib.import_module("soagen.build.compile")
     except ImportError:
         return False
     return True
@@ -190,7 +190,7 @@ def aot_package(
 ) -> Path:
     """A `soagen compile` package, built once per schema, model file, device, torch version and
     options (`compile_model`'s flags: "columnwise", "write_outputs")."""
-    from soagen.compile import compile_model
+    from soagen.build.compile import compile_model
 
     factory_file = Path(factory.rsplit(":", 1)[0])
     key = hashlib.sha256(
@@ -1043,7 +1043,7 @@ def generation_latency(workdir: Path, rounds: int) -> dict[str, dict[str, Any]]:
     """Per schema: in-process `load` + `generate` and `lint`; a fresh interpreter importing the
     generated module (and whether that imported torch); the `soagen lint` command as pre-commit
     runs it, in a fresh interpreter."""
-    from soagen.lint import lint
+    from soagen.tools.lint import lint
 
     found = {}
     environment = {**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{REPO}"}
@@ -1651,11 +1651,11 @@ def main(argv: list[str] | None = None) -> int:
         gnn_max_n, memory_n = args.gnn_max_n, {"mlp": 1_000_000, "gnn": 1_000_000}
         malloc_sizes, malloc_rounds, malloc_repeats = [100_000, 1_000_000], 3, 3
     # Every backend, --quick too: the smoke run checks each path's output, the compiled ones
-    # (torch.compile, four AOT packages built by soagen.compile) included.
+    # (torch.compile, four AOT packages built by soagen.build.compile) included.
     backends = args.backends.split(",") if args.backends else list(BACKENDS)
     if any(b.startswith("aot") for b in backends) and not has_aot_compiler():
         backends = [b for b in backends if not b.startswith("aot")]
-        notes.append("soagen.compile is not available: the AOT backends were skipped")
+        notes.append("soagen.build.compile is not available: the AOT backends were skipped")
     devices = [] if args.no_cpu else ["cpu"]
     if torch.cuda.is_available() and not args.no_cuda:
         devices.append("cuda")

@@ -79,7 +79,7 @@ def generated_from_text(
 
 def compile_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
     """`soagen compile ARGS` in a fresh interpreter, from the repository root."""
-    from .helpers import REPO
+    from tests.helpers import REPO
 
     return subprocess.run(
         [sys.executable, "-m", "soagen", "compile", *args],

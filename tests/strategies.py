@@ -26,9 +26,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from soagen.dsl.check import CLASS_BODY_BUILTINS, MODULE_BUILTINS
-from soagen.names import COLLECTION_ATTRIBUTES
-
-from .test_layout_reference import SIZES, RefMember, adjacent_alike_run, axis_orders
+from soagen.dsl.names import COLLECTION_ATTRIBUTES
+from tests.dsl.test_layout_reference import SIZES, RefMember, adjacent_alike_run, axis_orders
 
 DTYPES = sorted(SIZES)
 # Every alignment the checker accepts (powers of two up to 2**20), the largest ones rarer.

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 
 def bench_models() -> ModuleType:

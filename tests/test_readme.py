@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 
 def _quick_start_commands() -> list[str]:

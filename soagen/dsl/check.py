@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from soagen.diagnostics import Diagnostic, Span, did_you_mean
+from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
+from soagen.dsl.dtypes import DTYPE_SPELLINGS, DTYPES, INTEGER_DTYPES
 from soagen.dsl.ir import (
     AxisKind,
     Binding,
@@ -20,9 +21,8 @@ from soagen.dsl.ir import (
     Model,
     SchemaFile,
 )
-from soagen.dtypes import DTYPE_SPELLINGS, DTYPES, INTEGER_DTYPES
-from soagen.layout import block_axes, default_axes
-from soagen.names import COLLECTION_ATTRIBUTES, is_python_keyword
+from soagen.dsl.layout import block_axes, default_axes
+from soagen.dsl.names import COLLECTION_ATTRIBUTES, is_python_keyword
 
 # Builtins the generated module calls or names in annotations, and the `annotations` that its
 # `from __future__ import annotations` binds (mypy refuses a class redefining it). A layout or model

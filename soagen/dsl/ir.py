@@ -1,6 +1,6 @@
 """The schema IR: frozen dataclasses, built by the parser, checked by the passes, read by the generator.
 
-Nothing here computes byte layouts: that is `soagen.layout`, pure functions over these classes.
+Nothing here computes byte layouts: that is `soagen.dsl.layout`, pure functions over these classes.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from soagen.diagnostics import Span
-from soagen.dtypes import DTYPES, DType
+from soagen.dsl.diagnostics import Span
+from soagen.dsl.dtypes import DTYPES, DType
 
 # CMSSW's default: the cache line of the largest GPUs.
 DEFAULT_ALIGN = 128

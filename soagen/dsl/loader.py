@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from soagen.diagnostics import Diagnostic, SchemaError, Span
 from soagen.dsl.check import check_file
+from soagen.dsl.diagnostics import Diagnostic, SchemaError, Span
 from soagen.dsl.ir import Import, Layout, Model, Schema, SchemaFile
 from soagen.dsl.parser import parse
 

@@ -11,7 +11,7 @@ from importlib import resources
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from soagen.diagnostics import Diagnostic, Span, did_you_mean
+from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import (
     DEFAULT_ALIGN,
     Axis,

@@ -7,7 +7,7 @@ back to the same IR: tests hold it to that.
 from __future__ import annotations
 
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, SchemaFile
-from soagen.layout import (
+from soagen.dsl.layout import (
     Linear,
     Stride,
     ViewForm,

@@ -14,6 +14,18 @@ import jinja2
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema, SchemaFile
+from soagen.dsl.layout import (
+    Linear,
+    Stride,
+    ViewForm,
+    block_axes,
+    block_view,
+    byte_size,
+    layout_key,
+    member_offsets,
+    member_view,
+)
+from soagen.dsl.names import to_snake_case
 from soagen.dsl.pretty import linear_text, stride_text
 from soagen.generator.pyformat import (
     INDENT,
@@ -31,18 +43,6 @@ from soagen.generator.pyformat import (
     string_literal,
     tuple_literal,
 )
-from soagen.layout import (
-    Linear,
-    Stride,
-    ViewForm,
-    block_axes,
-    block_view,
-    byte_size,
-    layout_key,
-    member_offsets,
-    member_view,
-)
-from soagen.names import to_snake_case
 
 RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
 
@@ -508,7 +508,7 @@ def _batching_doc(model: Model) -> str:
 @functools.cache
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("soagen", "templates"),
+        loader=jinja2.PackageLoader("soagen.generator", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

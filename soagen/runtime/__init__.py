@@ -1,6 +1,8 @@
 """What generated modules import: metadata classes, the collection and model base classes, errors.
 
 Importing this package imports neither torch nor numpy; they load when a collection first touches memory.
+It imports `soagen.dsl`'s pure layout math and dtypes, and no other part (`ModelBinding.remote`
+imports `soagen.serving` when it is called).
 """
 
 from soagen.runtime.collection import Collection

@@ -2,7 +2,7 @@
 TorchScript or ONNX conversion) agrees with the eager model on the same inputs.
 
 One tolerance per dtype serves every check, at run time (`soagen.runtime.backends`) and at build
-time (`soagen.modelbuild`). NaN and infinities compare equal to themselves in the same places: a
+time (`soagen.build.model`). NaN and infinities compare equal to themselves in the same places: a
 reference that is itself NaN proves nothing there, which `nonfinite_outputs` lets callers say.
 """
 

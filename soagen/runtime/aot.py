@@ -10,7 +10,7 @@ or layout: a compiled model reads its inputs with the strides it was exported wi
 moved a column would silently read the wrong bytes.
 
 The compiled code reads every stride it was not told is fixed from the input tensors (see
-`soagen.compile`), so one package serves any element count and slices of collections, and the views
+`soagen.build.compile`), so one package serves any element count and slices of collections, and the views
 go in with no copy. AOTInductor checks none of this at run time (only with the process-wide
 `AOTI_RUNTIME_CHECK_INPUTS=1`), so each runner checks dtypes, sizes and strides against the exported
 expressions first: a few integer comparisons, where a mismatch would otherwise read out of bounds.

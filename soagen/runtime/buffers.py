@@ -34,7 +34,7 @@ except ModuleNotFoundError as error:  # generating and linting run without torch
         name="torch",
     ) from error
 
-from soagen.dtypes import DTYPES
+from soagen.dsl.dtypes import DTYPES
 from soagen.runtime.errors import (
     DeviceError,
     MisalignedBufferError,

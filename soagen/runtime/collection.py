@@ -1,7 +1,7 @@
 """Base class of generated layout classes: one buffer, zero-copy typed views, slices, moves and copies.
 
 A collection owns (or wraps) one byte buffer laid out exactly as CMSSW's GENERATE_SOA_LAYOUT places n
-elements (see `soagen.layout`). Every accessor returns a view of that buffer made by one `as_strided`
+elements (see `soagen.dsl.layout`). Every accessor returns a view of that buffer made by one `as_strided`
 call; nothing is copied unless a method says so (`to`, `clone`, `from_columns`).
 
 Importing this module imports neither torch nor NumPy: they load when a collection is first created.
@@ -151,7 +151,7 @@ class _HostBytes:
 def _numpy_dtype(dtype: str) -> numpy.dtype[typing.Any]:
     import numpy as np
 
-    from soagen.dtypes import DTYPES
+    from soagen.dsl.dtypes import DTYPES
 
     return np.dtype(getattr(np, DTYPES[dtype].numpy_name))
 
@@ -165,7 +165,7 @@ class Collection:
 
     NAME: typing.ClassVar[str]
     SCHEMA: typing.ClassVar[str]
-    # A digest of the alignment and members (`soagen.layout.layout_key`): models refuse a
+    # A digest of the alignment and members (`soagen.dsl.layout.layout_key`): models refuse a
     # collection whose key differs from their block's, although its NAME matches.
     LAYOUT_KEY: typing.ClassVar[str] = ""
     ALIGNMENT: typing.ClassVar[int]

@@ -13,7 +13,7 @@ import operator
 import typing
 from collections import OrderedDict
 
-from soagen.dtypes import DTYPES
+from soagen.dsl.dtypes import DTYPES
 from soagen.runtime.errors import ElementCountError, GeometryError, UnknownNameError
 from soagen.runtime.spec import BlockSpec, StridedView
 
@@ -27,11 +27,6 @@ GEOMETRY_CACHE_SIZE = 32
 
 # shape and strides in elements, offset in elements of the view's dtype from the buffer's start
 Placement = tuple[tuple[int, ...], tuple[int, ...], int]
-
-
-def round_up(size: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= `size`."""
-    return -(-size // multiple) * multiple
 
 
 def element_count(n: object, name: str = "n") -> int:

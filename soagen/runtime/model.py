@@ -21,7 +21,8 @@ import math
 import typing
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from soagen.dtypes import INTEGER_DTYPES
+from soagen.dsl.dtypes import INTEGER_DTYPES
+from soagen.dsl.layout import round_up
 from soagen.runtime.cpu import ensure_cpu_settings
 from soagen.runtime.errors import (
     BindingError,
@@ -30,7 +31,7 @@ from soagen.runtime.errors import (
     OutputError,
     ReadOnlyCollectionError,
 )
-from soagen.runtime.geometry import ITEMSIZE, round_up
+from soagen.runtime.geometry import ITEMSIZE
 from soagen.runtime.spec import BindingSpec, declared_index_bounds
 
 if typing.TYPE_CHECKING:
@@ -695,7 +696,7 @@ def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def outputs_in_schema_order(cls: type[ModelBinding], result: object) -> list[torch.Tensor]:
     """A model's return value as a list of tensors in schema order, one per declared output;
     OutputError for anything else. Plain Python over the result's structure: `torch.export` traces
-    through it (`soagen.modelbuild.SchemaOrder`)."""
+    through it (`soagen.build.model.SchemaOrder`)."""
     import torch
 
     if isinstance(result, torch.Tensor):

@@ -60,9 +60,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
+from soagen.dsl.layout import round_up
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
-from soagen.runtime.geometry import ITEMSIZE, round_up
+from soagen.runtime.geometry import ITEMSIZE
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import (
     RemoteConfigurationError,

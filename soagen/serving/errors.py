@@ -6,7 +6,7 @@ local ones, and from the built-in exception a caller would expect. Messages name
 
 from __future__ import annotations
 
-from soagen.errors import CommandError
+from soagen.build.errors import CommandError
 from soagen.runtime.errors import OutputError, SoaRuntimeError
 
 

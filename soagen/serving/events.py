@@ -1,6 +1,6 @@
 """One served event: a request's input tensors checked against the binding and copied into fresh
 collections, ready for the model. Shared by `soagen serve` (`soagen.serving.server.EventRunner`) and
-the `model.py` of `soagen triton` repositories (`soagen.triton.python_model.SoagenModel`).
+the `model.py` of `soagen triton` repositories (`soagen.serving.python_model.SoagenModel`).
 
 An event's tensors come in the blocks' declared axis order, on the host (each server turns its wire
 form into that first). `EventLoader.event` checks each against its block (dtype, fixed extents, one

@@ -98,7 +98,7 @@ def load_binding(source: str | os.PathLike[str], model_name: str) -> LoadedBindi
     generated module file (`.py`) or of an importable module (`generated.gnn`)."""
     text = os.fspath(source)
     if text.endswith(".soa"):
-        from soagen.modelbuild import generated_binding
+        from soagen.build.model import generated_binding
 
         if not Path(text).is_file():
             raise ServeError(f"schema {text!r} does not exist", usage=True)
@@ -123,7 +123,7 @@ def load_binding(source: str | os.PathLike[str], model_name: str) -> LoadedBindi
             + (f"; its models are {', '.join(known)}" if known else ""),
             usage=True,
         )
-    from soagen.modelbuild import layout_classes
+    from soagen.build.model import layout_classes
 
     return LoadedBinding(found, layout_classes(module))
 
@@ -168,7 +168,7 @@ def build_binding(
     nn.Module), or loaded from `model_file` (TorchScript `.pt`, AOTInductor `.pt2`)."""
     if (factory is None) == (model_file is None):
         raise ServeError("give the model either as a factory or as a model file", usage=True)
-    from soagen.modelbuild import build_model, resolve_index_bounds, torch_device
+    from soagen.build.model import build_model, resolve_index_bounds, torch_device
 
     target_device = torch_device(device)
     if factory is not None:
@@ -415,8 +415,8 @@ def serve(
     at `grpc_port` and `http_port` (metrics only with `metrics_port`). `access_token` guards the
     shared-memory and statistics APIs (default: a random one, `Server.access_token`).
 
-    What cannot work raises a `soagen.errors.CommandError`: a `ServeError`, or one of the
-    `soagen.modelbuild` helpers it shares with `soagen compile` (a factory that fails, say).
+    What cannot work raises a `soagen.build.errors.CommandError`: a `ServeError`, or one of the
+    `soagen.build.model` helpers it shares with `soagen compile` (a factory that fails, say).
     """
     _check_batching(max_batch_size, max_queue_delay_us)
     loaded = load_binding(source, model_name)

@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from soagen.dsl.dtypes import DTYPES
 from soagen.dsl.ir import Binding, Layout
-from soagen.dtypes import DTYPES
-from soagen.layout import block_axes, block_view
+from soagen.dsl.layout import block_axes, block_view
 from soagen.runtime.spec import BindingSpec
 
 # Triton's name for each dtype of the .soa language.

@@ -1,0 +1,563 @@
+"""`soagen compile`: export a model for one of a schema's bindings and compile it with AOTInductor.
+
+The package runs on collections' block views as they are, for any element count, with no copy:
+
+- Example inputs are real collections' block views (one collection per input layout), passed to
+  `torch.export` as plain tensors over the same memory (`Tensor.set_`: same storage, sizes, strides
+  and offset). Export fakifies a *view* through its `_base` and keeps its strides as constants, so
+  a view would tie the package to the example's pitch.
+- Each block's element axis is `Dim.DYNAMIC`, which also makes every stride that is not a product
+  of sizes a symbol of its own that the compiled code reads from the input tensor at run time (with
+  named `Dim`s, torch 2.13 keeps strides static). So the pitch, `round_up(n * itemsize, A) /
+  itemsize`, needs no formula in the graph, and slices of collections (the parent's pitch with
+  fewer elements) run too.
+- Duck shaping is off during export: a pitch that happens to equal another size or pitch in the
+  example must not become the same symbol. Each layout's example element count is `A * k + 1`,
+  whose pitches differ from n whenever they can (itemsize below the alignment A).
+- `backed_size_oblivious` lets the element counts range over 0 and 1 instead of specializing them,
+  so n = 1 runs; n = 0 never reaches the model (the runtime skips empty outputs).
+- With `write_outputs`, the exported `forward(*inputs, *outputs)` copies each result into its output
+  block view (example views sliced from larger collections, so their pitches are their own); export
+  keeps the mutation, and Inductor stores the last values straight into the output columns.
+
+The package records soagen's metadata (`soagen.runtime.aot`), is loaded once more after compiling
+and checked against the eager model at several sizes, then moved into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+import sysconfig
+import tempfile
+import time
+import traceback
+import typing
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import soagen
+from soagen.build.errors import CommandError
+from soagen.build.model import (
+    EXAMPLE_MULTIPLE,
+    ExampleFill,
+    SchemaOrder,
+    build_model,
+    check_agreement,
+    check_eager,
+    check_finite,
+    describe_inputs,
+    example_inputs,
+    example_sizes,
+    forget_generated_modules,
+    generated_binding,
+    load_examples,
+    resolve_index_bounds,
+    run_on_copies,
+    same_n_groups,
+    torch_device,
+    trial_sizes,
+)
+from soagen.dsl.dtypes import INTEGER_DTYPES
+from soagen.runtime.aot import (
+    METADATA_FORMAT,
+    METADATA_KEY,
+    AotBackend,
+    describe_binding,
+    instruction_sets,
+)
+from soagen.runtime.collection import Collection
+from soagen.runtime.model import ModelBinding
+
+Progress = Callable[[str], None]
+
+_STAGES = 6
+
+
+class CompileError(CommandError):
+    """`soagen compile` cannot go on; `usage` marks a wrong argument (exit 2) rather than a model
+    that cannot be exported or compiled (exit 1)."""
+
+
+def compile_model(
+    schema_path: str | os.PathLike[str],
+    model_name: str,
+    factory: str,
+    *,
+    output: str | os.PathLike[str],
+    device: str = "cpu",
+    index_bounds: Mapping[str, str] | None = None,
+    columnwise: bool = False,
+    write_outputs: bool = False,
+    examples: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Build `factory()` ("path/to/file.py:function"), export it for binding `model_name` of the
+    schema, compile it with AOTInductor for `device` and write the package to `output` (`.pt2`).
+
+    `index_bounds` maps an integer input to the input whose elements it indexes; by default the
+    factory module's `INDEX_BOUNDS`, if it has one. `columnwise` computes the model's narrow
+    `nn.Linear` layers column by column across elements (`soagen.runtime.columnwise`), so that
+    Inductor fuses them into one loop; the package is still checked against the model as written.
+    `write_outputs` exports `forward(*inputs, *outputs)` copying each result into its output
+    block inside the graph, so Inductor stores the last values straight into the output columns:
+    no result tensors, no write-back copy (`soagen serve`, which has no output blocks, refuses such
+    packages). `examples` ("path/to/file.py:function") fills the example collections the model
+    is exported and checked on with realistic values (`soagen.build.model.ExampleFill`). Raises
+    `SchemaError` for schema errors and `CommandError` for everything else: a
+    `CompileError`, or the `soagen.build.model` helpers' own (a factory that fails, say). Prints
+    nothing: `progress` receives one line per stage.
+    """
+    target = Path(output)
+    if target.suffix != ".pt2":
+        raise CompileError(f"the output must be a .pt2 file, got {str(target)!r}", usage=True)
+    # Found now, not after a compile of tens of seconds.
+    if target.is_dir():
+        raise CompileError(f"--output {target}: a folder of that name exists", usage=True)
+    blocking = next((parent for parent in target.parents if parent.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise CompileError(f"--output {target}: {blocking} is a file, not a folder", usage=True)
+    target_device = torch_device(device)
+    fill = None if examples is None else load_examples(examples)
+    stages = _Stages(progress or (lambda line: None))
+    with tempfile.TemporaryDirectory(prefix="soagen-compile-") as workdir:
+        with stages.stage(f"loading schema {Path(schema_path).as_posix()}"):
+            binding, layouts = generated_binding(Path(schema_path), model_name, Path(workdir))
+        try:
+            _build_package(
+                binding,
+                layouts,
+                factory,
+                target_device,
+                index_bounds,
+                _Variant(columnwise, write_outputs),
+                target,
+                stages,
+                fill,
+            )
+        finally:
+            forget_generated_modules(binding)
+    return target
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """How the package computes: `columnwise` rewrites narrow layers; `write_outputs` stores the
+    results into the output blocks it is given."""
+
+    columnwise: bool
+    write_outputs: bool
+
+
+def _build_package(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    factory: str,
+    device: torch.device,
+    index_bounds: Mapping[str, str] | None,
+    variant: _Variant,
+    target: Path,
+    stages: _Stages,
+    fill: ExampleFill | None,
+) -> None:
+    log = _TorchLog(target.with_name(f"{target.stem}.compile.log"))
+    log.path.unlink(missing_ok=True)  # an earlier run's, which would no longer be true
+    with stages.stage(f"building model ({factory})"):
+        model, module = build_model(factory, device)
+        bounds = resolve_index_bounds(binding, index_bounds, module)
+        unbounded = unbounded_index_inputs(binding, bounds)
+        if unbounded:
+            stages.report(
+                f"warning: integer input(s) {', '.join(unbounded)} have no index bound: if the "
+                f"model indexes with them, a value out of range aborts the process inside the "
+                f"package; declare `indexes NAME` in the schema (or pass --index)"
+            )
+        layers = _columnwise_layers(model, stages) if variant.columnwise else None
+    reference = SchemaOrder(model, binding)
+    with stages.stage("exporting with dynamic element counts (torch.export)"):
+        sizes = example_sizes(binding, layouts)
+        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill)
+        results, written = check_eager(binding, reference, inputs)
+        check_finite(binding, results, sizes, fill)
+        wrapped: torch.nn.Module = reference
+        if layers is not None:
+            wrapped = SchemaOrder(layers[0], binding)
+            rewritten, _ = run_on_copies(wrapped, inputs)
+            check_agreement(binding, "the columnwise model", rewritten, results, sizes, fill)
+        arguments = list(inputs)
+        variable: list[bool] = []  # per output written: its element count follows an input's
+        if variant.write_outputs:
+            arguments += _example_outputs(binding, layouts, results, device)
+            wrapped = _IntoOutputs(wrapped, len(inputs))
+            # Every input layout's example count is its own (A * k + 1): an output of another
+            # count is a fixed one (a total per event, say), exported as that number.
+            variable = [
+                result.shape[spec.block.axes.index("n")] in sizes.values()
+                for spec, result in zip(binding.OUTPUTS, results, strict=True)
+            ]
+        exported = _export(binding, wrapped, arguments, variable, log)
+        writes_inputs = _inputs_written(binding, exported, written, log)
+        if writes_inputs:
+            stages.report(
+                f"the model writes into its input(s) {', '.join(writes_inputs)}: the package "
+                f"runs only when loaded with protect_inputs=True (on copies of the collections)"
+            )
+    metadata = {
+        "format": METADATA_FORMAT,
+        "soagen_version": soagen.__version__,
+        "torch_version": torch.__version__,
+        "device": device.type,
+        "schema": binding.SCHEMA,
+        "factory": factory,
+        "binding": describe_binding(binding),
+        "index_bounds": bounds,
+        "columnwise": None if layers is None else layers[1],
+        "writes_outputs": variant.write_outputs,
+        "writes_inputs": writes_inputs,
+        "input_geometry": _input_geometry(exported),
+        "example_sizes": sizes,
+        "cpu_flags": native_instruction_sets(),
+    }
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Compiled next to the target and moved into place once checked: no half-written package.
+    staging = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.pt2")
+    try:
+        with stages.stage(f"compiling with AOTInductor for {device.type}"):
+            _compile(exported, staging, metadata, log)
+        with stages.stage("checking the package against the eager model"):
+            _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
+        with stages.stage(f"packaging {target.as_posix()}"):
+            os.replace(staging, target)
+        lines = log.text.getvalue().count("\n")
+        if lines:
+            log.write()
+            stages.report(f"torch logged {lines} lines while building: {log.path.as_posix()}")
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+class _Stages:
+    def __init__(self, report: Progress) -> None:
+        self.report = report
+        self.count = 0
+
+    @contextlib.contextmanager
+    def stage(self, title: str) -> Iterator[None]:
+        self.count += 1
+        label = f"[{self.count}/{_STAGES}] {title}"
+        self.report(f"{label} ...")
+        start = time.perf_counter()
+        yield
+        self.report(f"{label}: done in {time.perf_counter() - start:.1f} s")
+
+
+def _columnwise_layers(
+    model: torch.nn.Module, stages: _Stages
+) -> tuple[torch.nn.Module, list[str]]:
+    from soagen.runtime.columnwise import MAX_FUSED_OUTPUTS, columnwise, max_unrolled_inputs
+
+    try:
+        rewritten, names = columnwise(model)
+    except TypeError as error:
+        raise CompileError(f"--columnwise: {error}", usage=True) from None
+    linear = sum(type(module) is torch.nn.Linear for module in model.modules())
+    if names:
+        stages.report(f"columnwise: {', '.join(names)} ({len(names)} of {linear} nn.Linear layers)")
+    else:
+        stages.report(
+            f"columnwise: none of its {linear} nn.Linear layers is narrow enough (at most "
+            f"{max_unrolled_inputs()} inputs or {MAX_FUSED_OUTPUTS} outputs); compiled as written"
+        )
+    return rewritten, names
+
+
+def unbounded_index_inputs(binding: type[ModelBinding], bounds: Mapping[str, str]) -> list[str]:
+    """Integer inputs no bound covers: compiled kernels index with their values unchecked."""
+    return [
+        spec.name
+        for spec in binding.INPUTS
+        if spec.block.dtype in INTEGER_DTYPES and spec.name not in bounds
+    ]
+
+
+class _IntoOutputs(torch.nn.Module):
+    """`forward(*inputs, *outputs)`: the model's results copied into the output views, in the
+    graph (torch.export keeps the mutation; Inductor stores into the views' memory)."""
+
+    def __init__(self, model: torch.nn.Module, input_count: int) -> None:
+        super().__init__()
+        self.model = model
+        self.input_count = input_count
+
+    def forward(self, *views: torch.Tensor) -> tuple[()]:
+        results = self.model(*views[: self.input_count])
+        for view, result in zip(views[self.input_count :], results, strict=True):
+            # Equal sizes, not broadcast: export then ties each output axis to what computes it
+            # (an input's element count, or a constant such as 1), which the runtime checks.
+            for axis in range(result.dim()):
+                torch._check(view.shape[axis] == result.shape[axis])  # type: ignore[no-untyped-call]
+            view.copy_(result)
+        return ()
+
+
+def _example_outputs(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    results: Sequence[torch.Tensor],
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """Output block views for `results` (the eager model's on the example inputs), in slices of
+    larger collections: their pitches differ from every input's and from each other's, so that
+    export gives each pitch a stride symbol of its own (see the module's docstring)."""
+    counts: dict[str, int] = {}
+    for spec, result in zip(binding.OUTPUTS, results, strict=True):
+        counts.setdefault(spec.block.layout, result.shape[spec.block.axes.index("n")])
+    collections = {
+        name: layouts[name]
+        .allocate(n + layouts[name].ALIGNMENT * (4 * EXAMPLE_MULTIPLE + 2 * i + 1), device)
+        .slice(0, n)
+        for i, (name, n) in enumerate(counts.items())
+    }
+    return [collections[spec.block.layout].block(spec.block) for spec in binding.OUTPUTS]
+
+
+def _inputs_written(
+    binding: type[ModelBinding],
+    exported: torch.export.ExportedProgram,
+    seen: set[int],
+    log: _TorchLog,
+) -> list[str]:
+    """Names of the inputs the model writes into, in schema order: those the eager run was seen
+    to write (`seen`) and those the exported graph mutates (on a path the example did not take,
+    say). Output blocks a --write-outputs package fills are not among them."""
+    # Export's first graph keeps in-place ops as they are; its functional form (what AOTInductor
+    # compiles, ~0.3 s for the GNN example) lists each input it writes back into.
+    try:
+        with _torch_deprecations_ignored(), log.held():
+            signature = exported.run_decompositions({}).graph_signature
+    except Exception as error:
+        raise CompileError(
+            f"torch.export cannot put the model for {binding.NAME} in functional form (to find "
+            f"the inputs it writes):\n{log.failure(error)}"
+        ) from error
+    positions = {str(name): i for i, name in enumerate(signature.user_inputs)}
+    mutated = {positions[str(name)] for name in signature.user_inputs_to_mutate.values()}
+    return [spec.name for i, spec in enumerate(binding.INPUTS) if i in seen or i in mutated]
+
+
+def _alias(view: torch.Tensor) -> torch.Tensor:
+    """A tensor over the same memory with the same geometry that is not a view (see the module's
+    docstring): export fakifies views through their base and would freeze their strides."""
+    alias = torch.empty(0, dtype=view.dtype, device=view.device)
+    return alias.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+
+
+def _export(
+    binding: type[ModelBinding],
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    variable_outputs: Sequence[bool],
+    log: _TorchLog,
+) -> torch.export.ExportedProgram:
+    """Export with the element axis dynamic in every input; `inputs` may end with output blocks
+    (`_IntoOutputs`), whose element axis is dynamic where `variable_outputs` says so."""
+    import torch.fx.experimental._config as fx_config
+    from torch.export import Dim
+
+    dynamic: list[dict[int, typing.Any]] = []
+    variable = [True] * len(binding.INPUTS) + list(variable_outputs)
+    specs = (*binding.INPUTS, *binding.OUTPUTS)[: len(variable)]
+    for spec, free in zip(specs, variable, strict=True):
+        axes = spec.block.axes
+        dynamic.append({axes.index("n"): Dim.DYNAMIC} if "n" in axes and free else {})
+    arguments = tuple(_alias(view) for view in inputs)
+    try:
+        # `patch` is added to config modules at import time, so the type checker cannot see it.
+        patch = typing.cast(typing.Any, fx_config).patch
+        with patch(use_duck_shape=False, backed_size_oblivious=True), log.held():
+            return torch.export.export(model, arguments, dynamic_shapes=(tuple(dynamic),))
+    except Exception as error:
+        raise CompileError(
+            f"torch.export cannot export the model for {binding.NAME} with dynamic element counts "
+            f"({describe_inputs(binding, inputs[: len(binding.INPUTS)])}):\n{log.failure(error)}"
+        ) from error
+
+
+def native_instruction_sets() -> list[str] | None:
+    """This CPU's instruction-set extensions where AOTInductor builds the package's C++ (a CUDA
+    package's host code too) with `-march=native`, its default; None where
+    `TORCHINDUCTOR_CPP_MARCH` (`config.cpp.march`) names a target, which the builder then chose."""
+    from torch._inductor import config
+
+    if getattr(config.cpp, "march", None) is not None:
+        return None
+    return instruction_sets()
+
+
+def _input_geometry(exported: torch.export.ExportedProgram) -> list[dict[str, list[str]]]:
+    """Each input's sizes and strides as the exported program sees them (symbols or numbers)."""
+    nodes = {node.name: node for node in exported.graph.nodes if node.op == "placeholder"}
+    geometry = []
+    for name in exported.graph_signature.user_inputs:
+        value = nodes[str(name)].meta["val"]
+        geometry.append(
+            {
+                "sizes": [str(size) for size in value.shape],
+                "strides": [str(stride) for stride in value.stride()],
+            }
+        )
+    return geometry
+
+
+@contextlib.contextmanager
+def _torch_deprecations_ignored() -> Iterator[None]:
+    """torch 2.13's own export and packaging code trips its pytree deprecation: nothing to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        yield
+
+
+def _compile(
+    exported: torch.export.ExportedProgram,
+    path: Path,
+    metadata: Mapping[str, object],
+    log: _TorchLog,
+) -> None:
+    from torch._inductor import aoti_compile_and_package
+
+    try:
+        with _torch_deprecations_ignored(), log.held():
+            aoti_compile_and_package(
+                exported,
+                package_path=str(path),
+                inductor_configs={"aot_inductor.metadata": {METADATA_KEY: json.dumps(metadata)}},
+            )
+    except Exception as error:
+        raise CompileError(
+            f"AOTInductor cannot compile the model:\n{log.failure(error)}"
+        ) from error
+
+
+class _TorchLog:
+    """What torch prints and logs while it exports and compiles (graph dumps of hundreds of
+    lines), held and written to one log file beside the package instead of the terminal; and
+    torch's errors, told short: the frame of the user's model code, torch's first line and its
+    hints, then the log's path for the rest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.text = io.StringIO()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        handlers = [
+            handler
+            for name, logger in list(logging.Logger.manager.loggerDict.items())
+            if name == "torch" or name.startswith("torch.")
+            if isinstance(logger, logging.Logger)
+            for handler in logger.handlers
+            if isinstance(handler, logging.StreamHandler)
+            and handler.stream in (sys.stderr, sys.__stderr__, sys.stdout, sys.__stdout__)
+        ]
+        streams = [handler.setStream(self.text) for handler in handlers]
+        try:
+            with contextlib.redirect_stderr(self.text):
+                yield
+        finally:
+            for handler, stream in zip(handlers, streams, strict=True):
+                handler.setStream(stream)
+
+    def failure(self, error: BaseException) -> str:
+        """`error` in a few lines, naming the log file, which receives everything."""
+        full = "".join(traceback.format_exception(error))
+        self.write(full)
+        lines = str(error).strip().splitlines() or [""]
+        hints = [
+            line.strip() for line in lines[1:] if line.strip().lower().startswith(_HINT_STARTS)
+        ][:3]
+        frames = _user_frames(error)
+        return "\n".join(
+            [
+                *(f"  at {frame}" for frame in frames),
+                f"  {type(error).__name__}: {lines[0]}",
+                *(f"  hint: {hint}" for hint in hints),
+                f"  the full text is in {self.path.as_posix()}",
+            ]
+        )
+
+    def write(self, extra: str = "") -> None:
+        held = self.text.getvalue()
+        if not held and not extra:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(held + ("\n" if held and extra else "") + extra, encoding="utf-8")
+
+
+# How torch's errors start the lines that say what to do.
+_HINT_STARTS = ("consider", "hint", "suggested fix", "you can", "try ", "to fix", "please ")
+
+
+def _user_frames(error: BaseException) -> list[str]:
+    """`file:line in function: source` of the innermost frames of `error` outside torch, soagen
+    and Python's own library: where the user's model code failed (its last two)."""
+    frames = []
+    for frame in traceback.extract_tb(error.__traceback__):
+        if not frame.filename.startswith("<") and _is_users(Path(frame.filename)):
+            source = f": {frame.line.strip()}" if frame.line else ""
+            frames.append(f"{frame.filename}:{frame.lineno} in {frame.name}{source}")
+    return frames[-2:]
+
+
+def _is_users(path: Path) -> bool:
+    """Whether `path` is neither torch's nor soagen's code nor Python's own library (whose
+    folder may hold site-packages, where installed model code such as weaver-core's lies)."""
+    if any(path.is_relative_to(Path(str(m.__file__)).parent) for m in (torch, soagen)):
+        return False
+    paths = sysconfig.get_paths()
+    if any(path.is_relative_to(paths[key]) for key in ("purelib", "platlib")):
+        return True
+    return not path.is_relative_to(paths["stdlib"])
+
+
+def _verify(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    model: SchemaOrder,
+    package: Path,
+    example: Mapping[str, int],
+    bounds: Mapping[str, str],
+    device: torch.device,
+    fill: ExampleFill | None,
+) -> None:
+    """Load the package as users will and compare it with the eager model at several sizes,
+    different per layout, which catches a size or stride the export fixed by mistake."""
+    backend = AotBackend(package, binding)
+    runner = backend.on(device)
+    for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
+        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
+        try:
+            expected, _ = run_on_copies(model, inputs)
+        except Exception:
+            continue  # the eager model itself does not take these sizes (n = 1, say)
+        if backend.writes_outputs:
+            actual = _example_outputs(binding, layouts, expected, device)
+            for view in actual:
+                view.fill_(-7)  # so that an output the package does not write shows
+            with torch.inference_mode():
+                runner([*inputs, *actual])
+        else:
+            with torch.inference_mode():
+                actual = typing.cast(list[torch.Tensor], runner(inputs))
+        check_agreement(binding, "the compiled package", actual, expected, sizes, fill)
+
+
+__all__ = ["CompileError", "compile_model"]

@@ -1,0 +1,88 @@
+"""`soagen check`: exit 1, with a diff, where generated modules differ from what the schemas give."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from soagen.cli.common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    GENERATED_MARK,
+    Output,
+    add_out_argument,
+    add_schemas_argument,
+    counted,
+    foreign,
+    generate_all,
+    module_text,
+    not_ours,
+    schema_paths,
+    unified_diff,
+)
+
+HELP = "exit 1, with a diff, if generated modules are stale"
+EXAMPLE = "soagen check schemas/              # exit 1 with a diff if generated/ is stale"
+FORMATS: tuple[str, ...] = ("text", "json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schemas_argument(parser)
+    add_out_argument(parser, "folder of generated modules (default generated)")
+
+
+def run(args: argparse.Namespace, output: Output) -> int:
+    modules = generate_all(schema_paths(args.schemas), output)
+    if output.diagnostics:
+        return EXIT_PROBLEMS
+    out = Path(args.out)
+    stale: list[dict[str, str]] = []
+    diffs: list[str] = []
+    for name, (text, origin) in sorted(modules.items()):
+        target = out / f"{name}.py"
+        current = module_text(target)
+        if current == text:
+            continue
+        reason = "missing" if current is None else "stale"
+        if foreign(current):
+            reason = "not generated"  # regenerating would be refused: the file must go first
+        stale.append({"module": target.as_posix(), "schema": origin, "reason": reason})
+        if current is None:
+            diffs.append(f"{target.as_posix()}: missing (generated from {origin})\n")
+            continue
+        if reason == "not generated":
+            diffs.append(f"{not_ours(target)}\n")
+            continue
+        shown = target.as_posix()
+        diffs.append(unified_diff(current, text, f"{shown} (on disk)", f"{shown} (from {origin})"))
+    orphans: list[str] = []
+    if out.is_dir():
+        for orphan in sorted(out.glob("*.py")):
+            if orphan.stem in modules or orphan.name == "__init__.py":
+                continue
+            if (module_text(orphan) or "").startswith(GENERATED_MARK):
+                stale.append({"module": orphan.as_posix(), "schema": "", "reason": "orphaned"})
+                orphans.append(orphan.as_posix())
+                diffs.append(
+                    f"{orphan.as_posix()}: generated from a schema that no longer exists\n"
+                )
+    if output.format == "json":
+        print(json.dumps({"stale": stale, "checked": len(modules)}, indent=2))
+    else:
+        for diff in diffs:
+            sys.stdout.write(diff)
+        count = sum(entry["reason"] in ("stale", "missing") for entry in stale)
+        if count:
+            print(
+                f"{count} generated module{'s are' if count != 1 else ' is'} out of date: "
+                f"run `soagen {' '.join(args.schemas)} -o {out.as_posix()}`",
+                file=sys.stderr,
+            )
+        if orphans:
+            # Generating never deletes a module, so only removing it makes the check pass.
+            print(f"delete what no schema generates: `rm {' '.join(orphans)}`", file=sys.stderr)
+        if not stale:
+            print(f"{counted(len(modules), 'generated module')} up to date")
+    return EXIT_PROBLEMS if stale else EXIT_OK

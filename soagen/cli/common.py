@@ -1,0 +1,345 @@
+"""What every command shares: exit codes, the usage error, argument helpers, schema paths and the
+`Output` that collects and prints diagnostics."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from soagen.dsl.diagnostics import Diagnostic, render_github, render_json, render_text
+from soagen.dsl.ir import Schema
+from soagen.dsl.loader import LoadResult, load
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+DEFAULT_OUT = "generated"
+
+
+class UsageError(Exception):
+    pass
+
+
+def path_argument(text: str) -> str:
+    """argparse `type` of every path argument: `Path("")` is the current folder, so an empty
+    argument (an unset shell variable, say) would quietly mean every schema there, or write there.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError('empty path (write "." for the current folder)')
+    return text
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model_help: str,
+    source: str = "schema",
+    source_help: str = "the .soa file declaring the model",
+) -> None:
+    """The schema (positional) and `--model NAME` of a command that works on one model."""
+    parser.add_argument(source, type=path_argument, metavar="SCHEMA", help=source_help)
+    parser.add_argument("--model", required=True, metavar="NAME", help=model_help)
+
+
+def add_factory_argument(parser: argparse._ActionsContainer, *, required: bool = False) -> None:
+    parser.add_argument(
+        "--factory",
+        required=required,
+        metavar="FILE.py:FUNCTION",
+        help="a function that takes no arguments and returns the torch.nn.Module",
+    )
+
+
+def add_examples_argument(parser: argparse._ActionsContainer, *, when: str = "") -> None:
+    parser.add_argument(
+        "--examples",
+        metavar="FILE.py:FUNCTION",
+        help=f"{when}a function that fills the example collections the model is checked on "
+        "(a dict of layout name -> collection, sizes chosen by soagen) in place with realistic "
+        "values (default: random normal floats, indices in range, other integers 0)",
+    )
+
+
+def add_columnwise_argument(parser: argparse.ArgumentParser, *, when: str = "") -> None:
+    parser.add_argument(
+        "--columnwise",
+        action="store_true",
+        help=f"{when}compute narrow nn.Linear layers (at most 8 inputs or 4 outputs) column by "
+        "column across elements, so that they fuse into one vectorized loop (narrow MLPs: ~3x "
+        "faster)",
+    )
+
+
+def add_write_outputs_argument(parser: argparse.ArgumentParser, *, when: str = "") -> None:
+    parser.add_argument(
+        "--write-outputs",
+        action="store_true",
+        help=f"{when}the package stores its results straight into the output blocks it is given "
+        "(no result tensors, no write-back copy); soagen serve cannot run such packages",
+    )
+
+
+def counted(count: int, word: str) -> str:
+    """`1 file`, `2 files`."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def unified_diff(before: str, after: str, before_label: str, after_label: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=before_label,
+            tofile=after_label,
+        )
+    )
+
+
+def add_schemas_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    required: bool = False,
+    default: str = "schemas",
+    extra: str = "",
+) -> None:
+    """The `SCHEMA ...` positional: .soa files or folders, `default` when none is named."""
+    if required:
+        parser.add_argument(
+            "schemas", nargs="+", type=path_argument, metavar="SCHEMA", help=".soa files or folders"
+        )
+        return
+    parser.add_argument(
+        "schemas",
+        nargs="*",
+        default=[default],
+        type=path_argument,
+        metavar="SCHEMA",
+        help=f".soa files or folders (default {default}){extra}",
+    )
+
+
+def add_out_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        "--out",  # the first spelling; compile, triton and serve say --output
+        dest="out",
+        default=DEFAULT_OUT,
+        type=path_argument,
+        metavar="DIR",
+        help=help_text,
+    )
+
+
+def add_index_argument(parser: argparse.ArgumentParser, *, checked: str, default: str) -> None:
+    """`--index INDEX=BOUND` (repeatable); `checked`: when the indices are checked, if they are."""
+    parser.add_argument(
+        "--index",
+        action="append",
+        default=[],
+        metavar="INDEX=BOUND",
+        help="integer input INDEX holds element numbers of input BOUND's collection"
+        + (f"; checked {checked}" if checked else "")
+        + f" (repeatable; default: {default})",
+    )
+
+
+INDEX_EXAMPLE = "edge_index=node_features"
+
+
+def parse_pairs(
+    items: Sequence[str], option: str, example: str, *, counts: bool = False
+) -> dict[str, str]:
+    """`["a=b", ...]` -> `{"a": "b"}`, binding names on both sides (with `counts`, an element
+    count >= 1 may stand on the right); a UsageError naming `option` for anything else."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        number = value.removeprefix("-")
+        if counts and key.isidentifier() and number.isascii() and number.isdigit():
+            if int(value) < 1:
+                raise UsageError(f"{option} {item}: an element count must be >= 1")
+        elif not sep or not key.isidentifier() or not value.isidentifier():
+            form = "NAME=NAME or NAME=COUNT" if counts else "INDEX=BOUND (input names)"
+            raise UsageError(f"{option} takes {form}, e.g. {example}; got {item!r}")
+        if pairs.get(key, value) != value:
+            raise UsageError(f"{option} gives {key!r} twice")
+        pairs[key] = value
+    return pairs
+
+
+def command_failed(error: Exception, output: Output, *, usage: bool) -> int:
+    """A command's own error: a usage error (exit 2) for a wrong argument, else reported (as JSON
+    with --format json) with EXIT_PROBLEMS."""
+    if usage:
+        raise UsageError(str(error)) from None
+    if output.format == "json":
+        print(json.dumps({"error": str(error)}))
+    else:
+        print(f"soagen: error: {error}", file=sys.stderr)
+    return EXIT_PROBLEMS
+
+
+@contextlib.contextmanager
+def needs_torch(message: str) -> Iterator[None]:
+    """Imports of a command that needs torch: without torch, a usage error `message`."""
+    try:  # torch is imported there only: the other commands run without it
+        yield
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        raise UsageError(message) from None
+
+
+def schema_paths(arguments: Sequence[str]) -> list[Path]:
+    paths: list[Path] = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            found = sorted(path.rglob("*.soa"))
+            if not found:
+                raise UsageError(f"no .soa files under `{argument}`")
+            paths += found
+        elif path.exists():
+            paths.append(path)
+        else:
+            default = " (the default when no schema is named)" if argument == "schemas" else ""
+            raise UsageError(f"no such file or folder: `{argument}`{default}")
+    return paths
+
+
+class Output:
+    def __init__(self, fmt: str, color: str) -> None:
+        self.format = fmt
+        self.color = color == "always" or (
+            color == "auto" and sys.stderr.isatty() and "NO_COLOR" not in os.environ
+        )
+        self.diagnostics: list[Diagnostic] = []
+        self.sources: dict[str, str] = {}
+
+    def add(self, result: LoadResult) -> Schema | None:
+        self.sources.update(result.sources)
+        known = set(self.diagnostics)
+        self.diagnostics += [d for d in result.diagnostics if d not in known]
+        return result.schema
+
+    def flush(self) -> None:
+        if not self.diagnostics:
+            return
+        if self.format == "github":
+            print(render_github(self.diagnostics, os.environ.get("GITHUB_WORKSPACE")))
+        elif self.format == "json":
+            print(render_json(self.diagnostics))
+        else:
+            print(render_text(self.diagnostics, self.sources, self.color), file=sys.stderr)
+            print(counted(len(self.diagnostics), "error"), file=sys.stderr)
+
+
+def print_diagnostics(
+    diagnostics: list[Diagnostic], sources: dict[str, str], output: Output
+) -> None:
+    if output.format == "github":
+        if diagnostics:
+            print(render_github(diagnostics, os.environ.get("GITHUB_WORKSPACE")))
+    elif output.format == "text" and diagnostics:
+        print(render_text(diagnostics, sources, output.color))
+
+
+GENERATED_MARK = "# Generated by soagen "
+
+
+def generate_all(paths: list[Path], output: Output) -> dict[str, tuple[str, str]]:
+    """Module name -> (source, schema path) for every schema and its imports; stops at schema errors."""
+    from soagen.generator.python import generate
+
+    modules: dict[str, tuple[str, str]] = {}
+    for path in paths:
+        schema = output.add(load(path))
+        if schema is None:
+            continue
+        for name, text in generate(schema).items():
+            origin = next(f.path for f in schema.files if f.module_name == name)
+            previous = modules.get(name)
+            if previous is not None and previous[1] != origin:
+                raise UsageError(
+                    f"`{origin}` and `{previous[1]}` would both generate module `{name}`"
+                )
+            modules[name] = (text, origin)
+    return modules
+
+
+def module_text(path: Path) -> str | None:
+    """The text of a module file in the output folder; None where there is none. A folder of
+    that name, or a file that is not UTF-8, is no module soagen wrote: reported as such."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return ""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
+def foreign(current: str | None) -> bool:
+    """A file stands where a module goes, and soagen did not write it."""
+    return current is not None and not current.startswith(GENERATED_MARK)
+
+
+def not_ours(path: Path) -> str:
+    """Why a file in the way of a generated module stays: a hand-written module is never replaced."""
+    return (
+        f"`{path.as_posix()}` exists and was not generated by soagen (its first line is not "
+        f"`{GENERATED_MARK.strip()} ...`): move it away, or generate into another folder (-o)"
+    )
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if module_text(path) == text:
+        return False
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+    return True
+
+
+class Command(Protocol):
+    """What each command module of this package holds: read by `soagen.cli.main`."""
+
+    HELP: str
+    EXAMPLE: str
+    FORMATS: tuple[str, ...]
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace, output: Output) -> int: ...
+
+
+def all_codes() -> tuple[str, ...]:
+    """Every code `soagen explain` knows: diagnostics, lint rules, breaking-change kinds."""
+    from soagen.dsl.diagnostics import CODES
+    from soagen.tools.breaking import BREAKING_RULES
+    from soagen.tools.lint import RULES_BY_ID
+
+    return (*CODES, *RULES_BY_ID, *BREAKING_RULES)
+
+
+def explain_rule(code: str) -> str | None:
+    """What a lint rule or a breaking-change kind means; None for other codes."""
+    from soagen.tools.breaking import BREAKING_RULES
+    from soagen.tools.lint import explain_rule
+
+    text = explain_rule(code)
+    if text is not None:
+        return text
+    if code in BREAKING_RULES:
+        level, summary = BREAKING_RULES[code]
+        return f"{code} (breaking, {level} level): {summary}"
+    return None

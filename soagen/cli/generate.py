@@ -1,0 +1,61 @@
+"""`soagen generate` (also `soagen SCHEMA ...`): write a Python module for every schema file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from soagen.cli.common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    Output,
+    UsageError,
+    add_out_argument,
+    add_schemas_argument,
+    counted,
+    foreign,
+    generate_all,
+    module_text,
+    not_ours,
+    schema_paths,
+    write_if_changed,
+)
+
+HELP = "generate Python modules from schemas (the default command)"
+EXAMPLE = "soagen schemas/gnn.soa            # writes generated/gnn.py\n  soagen schemas/*.soa -o src/mypkg/soa"
+FORMATS: tuple[str, ...] = ("text", "json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_schemas_argument(parser, required=True)
+    add_out_argument(parser, "output folder (default generated)")
+
+
+def run(args: argparse.Namespace, output: Output) -> int:
+    modules = generate_all(schema_paths(args.schemas), output)
+    if output.diagnostics:
+        return EXIT_PROBLEMS
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file of that name, or no permission
+        raise UsageError(f"-o {args.out}: cannot make that folder ({error.strerror})") from None
+    # Generated modules import each other relatively, so the folder must be a package.
+    init = out / "__init__.py"
+    if not init.exists():
+        init.write_text("", encoding="utf-8")
+    targets = {out / f"{name}.py": text for name, (text, _) in sorted(modules.items())}
+    # Every target checked before any is written: a refusal leaves the folder as it was.
+    for target in targets:
+        if foreign(module_text(target)):
+            raise UsageError(not_ours(target))
+    written = [target for target, text in targets.items() if write_if_changed(target, text)]
+    if output.format == "json":
+        print(json.dumps({"written": [p.as_posix() for p in written], "modules": sorted(modules)}))
+    else:
+        for target in written:
+            print(f"wrote {target.as_posix()}")
+        if not written:
+            print(f"{counted(len(modules), 'module')} in {out.as_posix()} up to date")
+    return EXIT_OK

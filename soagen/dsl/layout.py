@@ -1,0 +1,194 @@
+"""Byte layout of a collection, exactly as CMSSW's GENERATE_SOA_LAYOUT places it. Pure functions, no torch.
+
+Every member starts where the previous one ends; with `round_up(s, A) = ceil(s / A) * A`:
+- a column of T takes `round_up(n * sizeof(T), A)` bytes (its pitch);
+- a scalar of T takes `round_up(sizeof(T), A)` bytes whatever n is;
+- an array column of k coefficients takes k column pitches, coefficient-major, in column-major order.
+
+So every offset, pitch and size is a sum of per-item-size pitches plus a constant. `Linear` keeps that
+form symbolic: the generator prints it as closed-form code, `soagen show` evaluates it for one n.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from soagen.dsl.ir import AxisKind, Binding, Layout, Member, MemberKind
+
+
+def round_up(size: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= `size`."""
+    return -(-size // multiple) * multiple
+
+
+def layout_key(layout: Layout) -> str:
+    """A digest of everything that places a layout's bytes or names them: the alignment and each
+    member's kind, dtype, shape and name, in order. Collections and the blocks models bind carry
+    it, so that a collection of another layout with the same name is refused, not misread."""
+    text = "\n".join(
+        [
+            f"align {layout.align}",
+            *(
+                f"{member.kind.value} {member.dtype_name}{list(member.shape)} {member.name}"
+                for member in layout.members
+            ),
+        ]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def column_pitch(n: int, itemsize: int, align: int) -> int:
+    """Bytes between consecutive columns of one item size: CMSSW's padded column."""
+    return round_up(n * itemsize, align)
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """`sum(coefficient * column_pitch(n, itemsize, align)) + constant` bytes."""
+
+    terms: tuple[tuple[int, int], ...]  # (itemsize, coefficient), ascending itemsize, no zeros
+    constant: int
+
+    @staticmethod
+    def of(terms: Iterable[tuple[int, int]], constant: int = 0) -> Linear:
+        merged: dict[int, int] = {}
+        for itemsize, coefficient in terms:
+            merged[itemsize] = merged.get(itemsize, 0) + coefficient
+        return Linear(tuple(sorted((s, c) for s, c in merged.items() if c)), constant)
+
+    def __add__(self, other: Linear) -> Linear:
+        return Linear.of(self.terms + other.terms, self.constant + other.constant)
+
+    def evaluate(self, n: int, align: int) -> int:
+        pitches = sum(c * column_pitch(n, s, align) for s, c in self.terms)
+        return pitches + self.constant
+
+    @property
+    def itemsizes(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.terms)
+
+
+ZERO = Linear((), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Stride:
+    """A stride in elements: `coefficient * column_pitch(itemsize) / itemsize + constant`.
+
+    The first part steps between coefficients of an array column or between columns of one block; the
+    constant is 1 along elements, 0 for a broadcast scalar, or a scalar pitch in elements.
+    """
+
+    itemsize: int
+    coefficient: int
+    constant: int
+
+    def evaluate(self, n: int, align: int) -> int:
+        return (
+            self.coefficient * column_pitch(n, self.itemsize, align) // self.itemsize
+            + self.constant
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ViewForm:
+    """A tensor view of the buffer, symbolic in n: the generated code prints it, `show` evaluates it."""
+
+    dtype: str
+    shape: tuple[int | None, ...]  # None stands for n
+    strides: tuple[Stride, ...]
+    offset: Linear
+
+    def evaluate(self, n: int, align: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        shape = tuple(n if extent is None else extent for extent in self.shape)
+        strides = tuple(stride.evaluate(n, align) for stride in self.strides)
+        return shape, strides, self.offset.evaluate(n, align)
+
+
+def member_pitch(member: Member, align: int) -> Linear:
+    if member.kind is MemberKind.SCALAR:
+        return Linear((), round_up(member.itemsize, align))
+    return Linear.of([(member.itemsize, member.coefficient_count)])
+
+
+def member_offsets(layout: Layout) -> dict[str, Linear]:
+    offsets: dict[str, Linear] = {}
+    position = ZERO
+    for member in layout.members:
+        offsets[member.name] = position
+        position = position + member_pitch(member, layout.align)
+    return offsets
+
+
+def byte_size(layout: Layout) -> Linear:
+    total = ZERO
+    for member in layout.members:
+        total = total + member_pitch(member, layout.align)
+    return total
+
+
+def _array_strides(member: Member) -> list[Stride]:
+    """Column-major (Eigen's default): extent k steps over the product of the extents before it."""
+    return [
+        Stride(member.itemsize, math.prod(member.shape[:axis]), 0)
+        for axis in range(len(member.shape))
+    ]
+
+
+def member_view(layout: Layout, member: Member) -> ViewForm:
+    """A column as [n], an array column as [n, *shape], a scalar as a 0-d tensor."""
+    offset = member_offsets(layout)[member.name]
+    if member.kind is MemberKind.SCALAR:
+        return ViewForm(member.dtype_name, (), (), offset)
+    return ViewForm(
+        member.dtype_name,
+        (None, *member.shape),
+        (Stride(member.itemsize, 0, 1), *_array_strides(member)),
+        offset,
+    )
+
+
+def default_axes(member_count: int, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The order used where a binding has no `as [...]`: n, then c (several members), then array extents."""
+    columns = ("c",) if member_count > 1 else ()
+    return ("n", *columns, *(str(extent) for extent in shape))
+
+
+def block_axes(binding: Binding, member: Member) -> tuple[str, ...]:
+    if binding.axes is not None:
+        return tuple(axis.text for axis in binding.axes)
+    return default_axes(len(binding.member_names), member.shape)
+
+
+def block_view(layout: Layout, binding: Binding) -> ViewForm:
+    """The one strided view of a checked block: members adjacent, in order, of one dtype and shape."""
+    first = layout.member(binding.member_names[0])
+    assert first is not None, "block_view expects a checked binding"
+    is_scalar = first.kind is MemberKind.SCALAR
+    element = Stride(first.itemsize, 0, 0 if is_scalar else 1)
+    if is_scalar:
+        between_members = Stride(
+            first.itemsize, 0, round_up(first.itemsize, layout.align) // first.itemsize
+        )
+    else:
+        between_members = Stride(first.itemsize, first.coefficient_count, 0)
+    array_strides = iter(_array_strides(first))
+    array_extents = iter(first.shape)
+    shape: list[int | None] = []
+    strides: list[Stride] = []
+    for axis in block_axes(binding, first):
+        if axis == AxisKind.ELEMENTS.value:
+            shape.append(None)
+            strides.append(element)
+        elif axis == AxisKind.COLUMNS.value:
+            shape.append(len(binding.member_names))
+            strides.append(between_members)
+        else:
+            shape.append(next(array_extents))
+            strides.append(next(array_strides))
+    return ViewForm(
+        first.dtype_name, tuple(shape), tuple(strides), member_offsets(layout)[first.name]
+    )

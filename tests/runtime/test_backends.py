@@ -1,0 +1,714 @@
+"""Backends (eager, TorchScript, torch.compile), index range checks, CPU threads, zero-copy calls."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from soagen.runtime import IndexRangeError, ModelLoadError, OutputError
+from soagen.runtime.backends import file_kind
+from soagen.runtime.errors import BindingError
+from tests.helpers import REPO, assert_no_host_device_copies
+
+N_NODES, N_EDGES = 300, 1000
+
+
+@pytest.fixture(scope="module")
+def gnn():  # type: ignore[no-untyped-def]
+    """The example GNN, its collections filled with valid data, and the eager result."""
+    from examples.gnn_model import build_model
+    from generated.gnn import Edges, EdgeScores, Nodes
+
+    nodes, edges = Nodes.allocate(N_NODES), Edges.allocate(N_EDGES)
+    generator = torch.Generator().manual_seed(3)
+    nodes.block("node_features").copy_(torch.randn(N_NODES, 4, generator=generator))
+    edges.block("edge_index").copy_(torch.randint(0, N_NODES, (2, N_EDGES), generator=generator))
+    edges.block("edge_features").copy_(torch.rand(N_EDGES, 2, generator=generator))
+    net = build_model()
+    return net, nodes, edges, EdgeScores, _eager(net, nodes, edges)
+
+
+def _eager(net, nodes, edges):  # type: ignore[no-untyped-def]
+    """The model on contiguous copies of the blocks: what every backend must match."""
+    with torch.no_grad():
+        return net(
+            nodes.block("node_features").contiguous(),
+            edges.block("edge_index").contiguous(),
+            edges.block("edge_features").contiguous(),
+        )
+
+
+def _run(model, gnn):  # type: ignore[no-untyped-def]
+    _, nodes, edges, EdgeScores, _ = gnn
+    scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=scores)
+    return scores.score
+
+
+def test_torchscript_module_and_file_match_eager(gnn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, *_, expected = gnn
+    scripted = torch.jit.script(net)
+    from_module = EdgeClassifier(scripted)
+    assert from_module.backend == "torchscript"
+    torch.testing.assert_close(_run(from_module, gnn), expected)
+    path = tmp_path / "edge_classifier.pt"
+    torch.jit.save(scripted, str(path))
+    assert file_kind(path) == "torchscript"
+    from_file = EdgeClassifier.load(path)
+    assert from_file.backend == "torchscript"
+    torch.testing.assert_close(_run(from_file, gnn), expected)
+
+
+@pytest.mark.parametrize("backend", ["eager", "torchscript"])
+def test_eager_and_torchscript_match_contiguous_copies_at_several_sizes(gnn, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """Sizes whose pitches differ (n = 1 and 2, n below, at and past a multiple of the alignment's
+    element count), a slice (parent pitches, a storage offset), repeated calls (TorchScript's
+    profiling executor specializes after its first runs)."""
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net, nodes, edges, _, _ = gnn
+    model = EdgeClassifier(torch.jit.script(net) if backend == "torchscript" else net)
+    assert model.backend == backend
+    for n_nodes, n_edges in ((1, 1), (2, 2), (1, 5), (31, 32), (32, 33), (50, 77), (300, 1000)):
+        small_nodes, small_edges = Nodes.allocate(n_nodes), Edges.allocate(n_edges)
+        small_nodes.block("node_features").copy_(nodes.block("node_features")[:n_nodes])
+        small_edges.block("edge_index").copy_(edges.block("edge_index")[:, :n_edges] % n_nodes)
+        small_edges.block("edge_features").copy_(edges.block("edge_features")[:n_edges])
+        for cut in (slice(None), slice(n_edges // 3, None)):  # whole, then a slice of the edges
+            part = small_edges[cut]
+            for _ in range(3):
+                scores = EdgeScores.allocate(part.size, zero=True)
+                model(small_nodes, part, out=scores)
+                torch.testing.assert_close(scores.score, _eager(net, small_nodes, part))
+
+
+def test_torch_compile_matches_eager_at_several_sizes(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net, nodes, edges, _, expected = gnn
+    model = EdgeClassifier(net, backend="compile")
+    assert model.backend == "compile"
+    torch.testing.assert_close(_run(model, gnn), expected)
+    # Another element count (so other pitches and strides) reuses the same compiled model.
+    small_nodes, small_edges = Nodes.allocate(50), Edges.allocate(77)
+    small_nodes.block("node_features").copy_(nodes.block("node_features")[:50])
+    small_edges.block("edge_index").copy_(edges.block("edge_index")[:, :77] % 50)
+    small_edges.block("edge_features").copy_(edges.block("edge_features")[:77])
+    scores = EdgeScores.allocate(77)
+    model(small_nodes, small_edges, out=scores)
+    torch.testing.assert_close(scores.score, _eager(net, small_nodes, small_edges))
+
+
+def test_torch_compile_traces_one_graph_for_every_size_pattern(gnn) -> None:  # type: ignore[no-untyped-def]
+    # SoA views meet Dynamo's specializations by chance: a pitch equal to n (n a multiple of the
+    # alignment over the itemsize), pitches of two layouts equal, one element. Each compiled a graph
+    # of its own, up to torch's recompile limit (8), after which calls ran eagerly.
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.utils import counters
+
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    net = gnn[0]
+    model = EdgeClassifier(net, backend="compile")
+    before = counters["stats"]["unique_graphs"]
+    generator = torch.Generator().manual_seed(11)
+    # (nodes, edges): generic first, then pitch == n for nodes (32), for int64 edges (16 * odd),
+    # for both edge dtypes (64), pitches of two layouts equal (32, 32), one and two elements.
+    for n_nodes, n_edges in [(37, 129), (32, 100), (50, 48), (37, 64), (32, 32), (1, 1), (2, 2)]:
+        nodes, edges = Nodes.allocate(n_nodes), Edges.allocate(n_edges)
+        nodes.block("node_features").copy_(torch.randn(n_nodes, 4, generator=generator))
+        edges.block("edge_index").copy_(
+            torch.randint(0, n_nodes, (2, n_edges), generator=generator)
+        )
+        edges.block("edge_features").copy_(torch.randn(n_edges, 2, generator=generator))
+        scores = EdgeScores.allocate(n_edges)
+        model(nodes, edges, out=scores)
+        torch.testing.assert_close(
+            scores.score, _eager(net, nodes, edges), msg=f"N={n_nodes} E={n_edges}"
+        )
+    # At most two (one element stays specialized: see `_install_general_shapes`); a graph an
+    # earlier test traced for the same forward may serve them all.
+    assert counters["stats"]["unique_graphs"] - before <= 2
+    assert sum(graph.graphs for graph in model.compiled_graphs) <= 2
+    # The settings hold only during soagen's compiles; a user's own torch.compile sees torch's.
+    assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
+
+
+def test_shape_settings_come_back_when_another_thread_ends_the_compile_window(gnn) -> None:  # type: ignore[no-untyped-def]
+    # Dynamo runs its end callback when the last compile in flight, in any thread, ends: here a
+    # lazy-backward window opened in another thread during soagen's compile outlives it.
+    import threading
+
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    compiling, done = threading.Event(), threading.Event()
+    signal = callback_handler.register_start_callback(lambda _: compiling.set())
+
+    def other_thread() -> None:
+        compiling.wait(timeout=60)
+        with callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "other"):
+            done.wait(timeout=60)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    try:
+        nodes, edges = Nodes.allocate(41), Edges.allocate(131)
+        edges.block("edge_index").copy_(torch.randint(0, 41, (2, 131)))
+        # A module of its own class: Dynamo compiles its forward afresh.
+        net = type("Fresh", (type(gnn[0]),), {})()
+        EdgeClassifier(net, backend="compile")(nodes, edges, out=EdgeScores.allocate(131))
+    finally:
+        done.set()
+        worker.join()
+        callback_handler.remove_start_callback(signal)
+    assert compiling.is_set()  # the window did overlap a compile
+    assert fx_config.use_duck_shape and not fx_config.backed_size_oblivious
+
+
+def _wrong_by_one(graph: torch.fx.GraphModule, _: object) -> object:
+    """A torch.compile backend that miscompiles: every floating result is off by one."""
+
+    def run(*arguments: object) -> object:
+        results = graph(*arguments)
+        return type(results)(
+            r + 1 if isinstance(r, torch.Tensor) and r.is_floating_point() else r for r in results
+        )
+
+    return run
+
+
+def test_a_compiled_graph_that_disagrees_with_eager_is_refused(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime import CompiledModelMismatchError
+    from soagen.runtime.backends import CompileBackend
+
+    net, nodes, edges, EdgeScores, _ = gnn
+    backend = CompileBackend(
+        type("Miscompiled", (type(net),), {})(), {"backend": _wrong_by_one}, binding=EdgeClassifier
+    )
+    backend.module.load_state_dict(net.state_dict())
+    model = EdgeClassifier(backend)
+    scores = EdgeScores.allocate(N_EDGES, zero=True)
+    with pytest.raises(
+        CompiledModelMismatchError,
+        match=rf"output 'edge_scores' at node_features n={N_NODES}, edge_index n={N_EDGES}, "
+        rf"edge_features n={N_EDGES}: {N_EDGES} of {N_EDGES} values differ.*largest difference 1",
+    ):
+        model(nodes, edges, out=scores)
+    assert not scores.score.any()  # nothing written
+    (graph,) = model.compiled_graphs
+    assert graph.graphs >= 1 and graph.inputs[0][:2] == ("node_features", (N_NODES, 4))
+    assert f"{graph.graphs} graph(s) compiled" in repr(model)
+    # The graph stays in torch's cache: later calls, after close() too, would reuse it unchecked.
+    for _ in range(2):
+        with pytest.raises(CompiledModelMismatchError, match="later calls there are refused"):
+            model(nodes, edges, out=scores)
+        model.close()
+    assert not scores.score.any()
+    # Another binding of the same class finds the cached graph: its first call is checked too.
+    again = CompileBackend(
+        type(backend.module)(), {"backend": _wrong_by_one}, binding=EdgeClassifier
+    )
+    again.module.load_state_dict(net.state_dict())
+    with pytest.raises(CompiledModelMismatchError, match="values differ"):
+        EdgeClassifier(again)(nodes, edges, out=scores)
+    assert not scores.score.any()
+
+
+def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime.backends import CompileBackend
+
+    net, nodes, edges, EdgeScores, expected = gnn
+    backend = CompileBackend(
+        type("Miscompiled2", (type(net),), {})(),
+        {"backend": _wrong_by_one},
+        binding=EdgeClassifier,
+        fallback_to_eager=True,
+    )
+    backend.module.load_state_dict(net.state_dict())
+    model = EdgeClassifier(backend)
+    with pytest.warns(
+        RuntimeWarning, match="disagrees with the eager model.*running eagerly on cpu"
+    ):
+        torch.testing.assert_close(_run(model, gnn), expected)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(_run(model, gnn), expected)  # eager from now on, no warning
+        model.close()  # and after close(), which drops the runner, not what was found
+        torch.testing.assert_close(_run(model, gnn), expected)
+
+
+def test_a_right_compile_is_checked_once_per_graph(gnn, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime import backends
+
+    checks = []
+    original = backends.CompileBackend._check
+    monkeypatch.setattr(
+        backends.CompileBackend,
+        "_check",
+        lambda self, *args: (checks.append(1), original(self, *args))[1],
+    )
+    net = type("CheckedOnce", (type(gnn[0]),), {})()
+    net.load_state_dict(gnn[0].state_dict())
+    model = EdgeClassifier(net, backend="compile")
+    for _ in range(3):
+        torch.testing.assert_close(_run(model, gnn), gnn[4])
+    # Once: the first call (its graph compiled now, or found in torch's cache from an earlier
+    # test, which the first call of every runner is checked against too).
+    assert len(checks) == 1 and len(model.compiled_graphs) <= 1
+
+
+class DoublesItsEdges(nn.Module):
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor
+    ) -> torch.Tensor:
+        edges.mul_(2)
+        return edges[:, 0] + 1  # a tensor of its own, not a view of the input
+
+
+def test_a_compiled_model_that_writes_its_inputs_is_reported_as_such(gnn) -> None:  # type: ignore[no-untyped-def]
+    """The check's eager run reads inputs the compiled run already wrote, so the two differ; a
+    rerun of both on copies tells that from a miscompile, and the binding reports the write."""
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime import InputModifiedError
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    copy = type(edges).allocate(edges.size)
+    copy.buffer.copy_(edges.buffer)
+    model = EdgeClassifier(DoublesItsEdges(), backend="compile")
+    with pytest.raises(InputModifiedError, match="wrote into its input 'edge_features'"):
+        model(nodes, copy, out=EdgeScores.allocate(N_EDGES))
+
+
+def test_fallback_to_eager_is_for_the_compile_backend(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    with pytest.raises(ModelLoadError, match="fallback_to_eager is for backend='compile'"):
+        EdgeClassifier(gnn[0], fallback_to_eager=True)
+
+
+class EndpointScorer(nn.Module):
+    """Scores each edge from its two end nodes and its own features: an edge's score depends on
+    no other edge, so slicing the edges changes nothing. Records the shapes of each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.score = nn.Linear(4 + 4 + 2, 1)
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor
+    ) -> torch.Tensor:
+        self.shapes.append((nodes.shape[0], index.shape[1], edges.shape[0]))
+        ends = torch.cat([nodes.index_select(0, index[0]), nodes.index_select(0, index[1])], 1)
+        return torch.sigmoid(self.score(torch.cat([ends, edges], 1))).squeeze(1)
+
+
+def test_batch_size_passes_whole_inputs_entire_to_every_slice(gnn) -> None:  # type: ignore[no-untyped-def]
+    """As CMSSW's BatchedTensorCollection passes some collections whole: the schema declares
+    `node_features` whole, so batch_size slices the edges and the scores and hands every slice all
+    nodes, which `edge_index` numbers."""
+    from generated.gnn import EdgeClassifier
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    scorer = EndpointScorer()
+    whole, batched = EdgeScores.allocate(N_EDGES), EdgeScores.allocate(N_EDGES, zero=True)
+    EdgeClassifier(scorer)(nodes, edges, out=whole)
+    scorer.shapes.clear()
+    EdgeClassifier(scorer)(nodes, edges, out=batched, batch_size=100)
+    torch.testing.assert_close(batched.score, whole.score, rtol=0, atol=0)
+    # Slices start aligned: 100 rounds up to 128 elements (align 128 over 4-byte floats).
+    assert scorer.shapes == [(N_NODES, 128, 128)] * 7 + [(N_NODES, 104, 104)]
+
+
+@pytest.mark.parametrize("backend", ["eager", "torchscript"])
+def test_the_example_gnn_runs_with_batch_size(gnn, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """The example GNN sums each node's messages over the edges it is given: a slice sees its own
+    edges only, so its scores are those of the model run on that slice with every node."""
+    from generated.gnn import EdgeClassifier
+
+    net, nodes, edges, EdgeScores, _ = gnn
+    model = EdgeClassifier(torch.jit.script(net) if backend == "torchscript" else net)
+    scores = EdgeScores.allocate(N_EDGES, zero=True)
+    model(nodes, edges, out=scores, batch_size=500)
+    features, index, edge_features = (
+        nodes.block("node_features"),
+        edges.block("edge_index"),
+        edges.block("edge_features"),
+    )
+    with torch.no_grad():
+        expected = torch.cat(
+            [
+                net(
+                    features.contiguous(),
+                    index[:, a:b].contiguous(),
+                    edge_features[a:b].contiguous(),
+                )
+                for a, b in ((0, 512), (512, N_EDGES))
+            ]
+        )
+    torch.testing.assert_close(scores.score, expected)
+
+
+class WithDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(
+        self, nodes: torch.Tensor, index: torch.Tensor, features: torch.Tensor
+    ) -> torch.Tensor:
+        return self.dropout(features[:, 0] + 1)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compile"])
+def test_modules_run_in_eval_mode(gnn, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """A module bound in training mode is put in eval mode, as TorchScript files are run and
+    `soagen compile` exports: its dropout would make each call's results differ. Put back in
+    training mode later (a loop that trains and validates), it is refused until .eval()."""
+    from generated.gnn import EdgeClassifier
+
+    _, nodes, edges, _, _ = gnn
+    net = WithDropout()
+    assert net.training
+    model = EdgeClassifier(net, backend=backend)
+    assert not net.training
+    expected = edges.delta_r + 1
+    torch.testing.assert_close(_run(model, gnn), expected)
+    torch.testing.assert_close(_run(model, gnn), expected)
+    net.train()
+    with pytest.raises(ModelLoadError, match="WithDropout is in training mode .*call .eval"):
+        _run(model, gnn)
+    net.eval()
+    torch.testing.assert_close(_run(model, gnn), expected)
+
+
+def test_runner_is_built_once_per_device(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, *_ = gnn
+    model = EdgeClassifier(net)
+    _run(model, gnn)
+    _run(model, gnn)
+    backend = model._backend
+    assert backend.devices == (torch.device("cpu"),)
+    assert backend.on(torch.device("cpu")) is backend.on(torch.device("cpu"))
+
+
+def test_eager_call_copies_only_the_outputs(gnn) -> None:  # type: ignore[no-untyped-def]
+    """The inputs reach the model as views: the only copy in a call is the output write-back."""
+    from generated.gnn import EdgeClassifier
+
+    class Sums(nn.Module):
+        def forward(self, nodes: torch.Tensor, index: torch.Tensor, edges: torch.Tensor):  # type: ignore[no-untyped-def]
+            return torch.where(index[0] >= 0, edges.sum(1), nodes.sum())
+
+    # Without the schema's index check, which reduces a padded [2, n] index block through one
+    # scratch copy of that block (`torch.aminmax` flattens it: faster than two strided passes).
+    model = EdgeClassifier(Sums(), index_bounds={"edge_index": None})
+    assert model.index_bounds == {}
+    _run(model, gnn)  # placement and thread set-up happen outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        _run(model, gnn)
+    names = [event.name for event in profile.events()]
+    assert names.count("aten::copy_") == 1  # the one output block
+    for forbidden in (
+        "aten::clone",
+        "aten::contiguous",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::stack",
+    ):
+        assert forbidden not in names
+
+
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (lambda s: {"edge_scores": s}, None),
+        (lambda s: (s,), None),
+        (lambda s: [s], None),
+        (lambda s: {"scores": s}, "dict with keys scores; the schema's outputs are edge_scores"),
+        (lambda s: None, "returned NoneType"),
+        (lambda s: (s, 3), "returned tuple"),
+    ],
+)
+def test_output_forms(gnn, returned, message: str | None) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, nodes, edges, EdgeScores, expected = gnn
+
+    class Wrapped(nn.Module):
+        def forward(self, *inputs: torch.Tensor):  # type: ignore[no-untyped-def]
+            return returned(net(*inputs))
+
+    scores = EdgeScores.allocate(N_EDGES)
+    scores.score.fill_(5)
+    if message is None:
+        EdgeClassifier(Wrapped())(nodes, edges, out=scores)
+        torch.testing.assert_close(scores.score, expected)
+    else:
+        with pytest.raises(OutputError, match=message):
+            EdgeClassifier(Wrapped())(nodes, edges, out=scores)
+        assert bool((scores.score == 5).all())
+
+
+@pytest.mark.parametrize("bad_value", [N_NODES, -1, 10**12])
+def test_index_out_of_range_stops_the_call(gnn, bad_value: int) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    calls: list[int] = []
+
+    class Counting(nn.Module):
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return inputs[2][:, 0]
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    model = EdgeClassifier(Counting(), index_bounds={"edge_index": "node_features"})
+    scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=scores)
+    assert calls == [1]
+    bad = edges.clone()
+    bad.dst[17] = bad_value
+    with pytest.raises(IndexRangeError, match=r"'edge_index' holds indices outside \[0, 300\)"):
+        model(nodes, bad, out=scores)
+    assert calls == [1]
+
+
+def test_the_schemas_index_bound_is_checked_unless_turned_off() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    nodes, edges = Nodes.allocate(30, zero=True), Edges.allocate(50, zero=True)
+    edges.dst[7] = -1  # Inductor's kernels and `x[index]` would read the last node unnoticed
+    scores = EdgeScores.allocate(50)
+    checked = EdgeClassifier(build_model())  # `indexes node_features` in schemas/gnn.soa
+    assert checked.index_bounds == {"edge_index": "node_features"}
+    with pytest.raises(IndexRangeError, match=r"outside \[0, 30\).*\(values -1\.\.0\)"):
+        checked(nodes, edges, out=scores)
+    unchecked = EdgeClassifier(build_model(), index_bounds={"edge_index": None})
+    assert unchecked.index_bounds == {}
+    with pytest.raises(IndexError, match="index out of range"):
+        unchecked(nodes, edges, out=scores)  # no check: the model's own `index_select` raises
+    with pytest.raises(BindingError, match="has no input 'edges'"):
+        EdgeClassifier(build_model(), index_bounds={"edges": None})
+
+
+def test_index_bounds_are_validated() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier
+
+    with pytest.raises(BindingError, match="has no input 'nodes'"):
+        EdgeClassifier(build_model(), index_bounds={"edge_index": "nodes"})
+    with pytest.raises(BindingError, match="holds float32, not integer indices"):
+        EdgeClassifier(build_model(), index_bounds={"edge_features": "node_features"})
+
+
+def test_model_files_are_recognised_by_content(tmp_path: Path) -> None:
+    from generated.gnn import EdgeClassifier
+
+    pickled = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, pickled)
+    with pytest.raises(ModelLoadError, match="pickled object"):
+        EdgeClassifier.load(pickled)
+    garbage = tmp_path / "model.pt2"
+    garbage.write_bytes(b"not a zip")
+    with pytest.raises(ModelLoadError, match="is not a TorchScript .* or AOTInductor"):
+        EdgeClassifier.load(garbage)
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        EdgeClassifier.load(tmp_path / "missing.pt")
+    scripted = tmp_path / "scripted.pt2"  # a misleading suffix changes nothing
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(scripted))
+    with pytest.raises(
+        ModelLoadError, match=r"is a TorchScript file \(.pt\); it cannot run with backend=.aot."
+    ):
+        EdgeClassifier.load(scripted, backend="aot")
+
+
+def test_backend_choice_errors() -> None:
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier
+
+    with pytest.raises(ModelLoadError, match="one of eager, torchscript, compile, aot; got 'fast'"):
+        EdgeClassifier(build_model(), backend="fast")
+    with pytest.raises(ModelLoadError, match="backend='aot' needs a model file.*soagen compile"):
+        EdgeClassifier(build_model(), backend="aot")
+    with pytest.raises(ModelLoadError, match="runs with backend='torchscript', not 'compile'"):
+        EdgeClassifier(torch.jit.script(build_model()), backend="compile")
+    with pytest.raises(ModelLoadError, match="got int"):
+        EdgeClassifier(3)
+
+
+THREADS_PROGRAM = textwrap.dedent(
+    """
+    import torch
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+    torch.set_num_threads(2)
+    EdgeClassifier(build_model())(Nodes.allocate(4), Edges.allocate(0), out=EdgeScores.allocate(0))
+    print(torch.get_num_threads(), torch.get_num_interop_threads())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "setting, omp, expected",
+    [
+        (None, None, "1 1"),
+        ("2", None, "2 1"),
+        ("2,2", None, "2 2"),
+        ("many", None, "SOAGEN_CPU_THREADS='many'"),
+        ("0", None, "SOAGEN_CPU_THREADS='0': expected a positive thread count"),
+        ("2,0", None, "SOAGEN_CPU_THREADS='2,0'"),
+        ("+3", None, "SOAGEN_CPU_THREADS='+3'"),
+        # torch's own variable chose the intra-op count (the program then sets 2): it stays.
+        (None, "3", "2 1"),
+        ("1", "3", "1 1"),  # soagen's variable decides
+    ],
+)
+def test_cpu_threads_are_set_at_the_first_cpu_call(
+    setting: str | None, omp: str | None, expected: str
+) -> None:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("SOAGEN_CPU_THREADS", "OMP_NUM_THREADS")
+    }
+    if setting is not None:
+        environment["SOAGEN_CPU_THREADS"] = setting
+    if omp is not None:
+        environment["OMP_NUM_THREADS"] = omp
+    result = subprocess.run(
+        [sys.executable, "-c", THREADS_PROGRAM],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert expected in result.stdout + result.stderr
+
+
+def test_example_runs_every_backend(
+    capsys: pytest.CaptureFixture[str], gnn_build: tuple[Path, str, str]
+) -> None:
+    """The README's main command, at a small size: one row per backend, each checked."""
+    from examples.run_gnn import main
+
+    arguments = ["--nodes", "40", "--edges", "90", "--repeat", "1"]
+    assert main([*arguments, "--package", str(gnn_build[0])]) == 0
+    output = capsys.readouterr().out
+    for backend in ("eager", "torchscript", "compile", "aot"):
+        assert f"| soagen {backend} |" in output, output
+    assert "every backend's scores match" in output
+    with pytest.raises(SystemExit, match="needs --package"):
+        main([*arguments, "--backend", "aot"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_runs_where_the_data_lives_on_the_given_stream(gnn) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier
+
+    net, nodes, edges, EdgeScores, expected = gnn
+    model = EdgeClassifier(net, index_bounds={"edge_index": "node_features"})
+    cpu_scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=cpu_scores)
+    gpu_nodes, gpu_edges = nodes.to("cuda"), edges.to("cuda")
+    gpu_scores = EdgeScores.allocate(N_EDGES, device="cuda")
+    model(gpu_nodes, gpu_edges, out=gpu_scores)  # places the model: its weights go to the GPU once
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the last call wrote gpu_scores there
+    assert_no_host_device_copies(
+        lambda: model(gpu_nodes, gpu_edges, out=gpu_scores, stream=stream), stream
+    )
+    # One model object now serves both devices; the CPU module stays where it was.
+    assert set(model._backend.devices) == {torch.device("cpu"), gpu_nodes.device}
+    assert next(net.parameters()).device.type == "cpu"
+    torch.testing.assert_close(gpu_scores.score.cpu(), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cpu_scores.score, expected)
+
+
+KEPT_PROGRAM = textwrap.dedent(
+    """
+    import os, sys, threading, torch
+    from soagen.runtime import set_malloc_tuning
+    print("tuned" if set_malloc_tuning(sys.argv[1] == "on") else "untuned")
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    def kept() -> int:
+        before = resident()
+        block = torch.ones(32_000_000)  # 128 MB: above glibc's mmap threshold and thread heaps
+        del block
+        return resident() - before
+    if sys.argv[2] == "thread":
+        found = []
+        worker = threading.Thread(target=lambda: found.append(kept()))
+        worker.start()
+        worker.join()
+        print(found[0])
+    else:
+        print(kept())
+    """
+)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="malloc tuning is for glibc",
+)
+def test_malloc_tuning_keeps_freed_memory_mapped() -> None:
+    """Untuned, glibc unmaps a freed 128 MB block at once, and the next call faults it in anew;
+    tuned, the block stays in the heap (resident) for the next call, in the main thread and in
+    others (whose own arenas could not hold it)."""
+    kept = {}
+    for setting in ("on", "off"):
+        for where in ("main", "thread"):  # one process each: nothing resident from the other
+            result = subprocess.run(
+                [sys.executable, "-c", KEPT_PROGRAM, setting, where],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            state, grown = result.stdout.split()
+            assert state == ("tuned" if setting == "on" else "untuned")
+            kept[setting, where] = int(grown)
+    assert min(kept["on", "main"], kept["on", "thread"]) >= 120_000_000, kept
+    assert max(kept["off", "main"], kept["off", "thread"]) <= 8_000_000, kept
+
+
+@pytest.mark.parametrize(("system", "libc"), [("Linux", "musl"), ("Linux", ""), ("Darwin", "")])
+def test_malloc_tuning_is_never_applied_outside_glibc(
+    monkeypatch: pytest.MonkeyPatch, system: str, libc: str
+) -> None:
+    """mallopt's parameter numbers are glibc's: another C library must not be handed them."""
+    import ctypes
+    import platform
+
+    from soagen.runtime import cpu
+
+    loaded: list[str] = []
+    monkeypatch.setattr(platform, "system", lambda: system)
+    monkeypatch.setattr(platform, "libc_ver", lambda *_, **__: (libc, ""))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, *_, **__: loaded.append(name))
+    monkeypatch.setattr(cpu, "_malloc_decided", False)
+    assert cpu.set_malloc_tuning(True) is False
+    cpu.ensure_malloc_tuning()  # decided: nothing more
+    assert loaded == []

@@ -1,0 +1,555 @@
+"""Allocation and wrapping: alignment, every kind of memory, read-only memory, and bad input."""
+
+from __future__ import annotations
+
+import mmap
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.dlpack
+
+from generated.gnn import Edges, Nodes
+from soagen.runtime import Collection
+from soagen.runtime.errors import (
+    BufferTooSmallError,
+    DeviceError,
+    ElementCountError,
+    InvalidBufferError,
+    MisalignedBufferError,
+    NonContiguousBufferError,
+    ReadOnlyBufferError,
+    ReadOnlyCollectionError,
+    SoaRuntimeError,
+    UnsupportedBufferError,
+)
+from tests.helpers import REPO
+
+SMALL = """
+layout Small {
+    align ALIGN
+    column float32 a, b
+    column int64 c
+    scalar float64 s
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def small(generated_from_text: Callable[[str], ModuleType]) -> Callable[[int], type[Collection]]:
+    def make(align: int) -> type[Collection]:
+        return generated_from_text(SMALL.replace("ALIGN", str(align))).Small  # type: ignore[no-any-return]
+
+    return make
+
+
+def address(buffer: Any) -> int:
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
+
+
+def aligned_view(memory: Any, nbytes: int, align: int) -> memoryview:
+    """`nbytes` of `memory` (bytes-like, at least nbytes + align long) starting on an aligned address."""
+    skip = -address(memory) % align
+    return memoryview(memory)[skip : skip + nbytes]
+
+
+def aligned_bytes(contents: bytes, align: int) -> memoryview:
+    """A `bytes` object holding `contents` at an aligned address, as a view of those bytes."""
+    held = []  # keeping every candidate alive makes each next one land somewhere new
+    for attempt in range(10_000):
+        pad = attempt * 16 % align
+        candidate = bytes(pad) + contents
+        if (address(candidate) + pad) % align == 0:
+            return memoryview(candidate)[pad : pad + len(contents)]
+        held.append(candidate)
+    raise AssertionError("no aligned bytes object found")
+
+
+def aligned_numpy(nbytes: int, align: int, dtype: Any = np.uint8) -> np.ndarray:
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.zeros((nbytes + align) // itemsize + 1, dtype=dtype)
+    skip = (-raw.ctypes.data % align) // itemsize
+    return raw[skip : skip + nbytes // itemsize]
+
+
+def aligned_tensor(nbytes: int, align: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.zeros((nbytes + align) // itemsize + 1, dtype=dtype)
+    skip = (-raw.data_ptr() % align) // itemsize
+    return raw[skip : skip + nbytes // itemsize]
+
+
+# Allocation.
+
+
+@pytest.mark.parametrize("align", [16, 64, 128, 512, 4096])
+def test_allocate_aligns_even_beyond_the_allocator(
+    small: Callable[[int], type[Collection]], align: int
+) -> None:
+    cls = small(align)
+    for n in (0, 1, 100, 4097, 100_000):
+        for _ in range(3):
+            collection = cls.allocate(n)
+            assert collection.nbytes == collection.buffer.numel() == cls.byte_size(n)
+            assert collection.size == n
+            if n:
+                assert collection.buffer.data_ptr() % align == 0
+                assert collection.member("c").data_ptr() % align == 0
+
+
+def test_padded_allocations_never_start_at_their_storage() -> None:
+    # Where the allocator does not align enough (128 bytes on CPU, which gives 64), the buffer sits
+    # past the start of a larger storage. The shift is never 0, so views' storage offsets do not
+    # flip between 0 and more with the allocator's luck (torch.compile specializes 0 and 1).
+    offsets = {Nodes.allocate(n).member("x").storage_offset() for n in range(1, 400)}
+    offsets |= {Edges.allocate(n).member("src").storage_offset() for n in range(1, 400)}
+    assert min(offsets) >= 2, offsets  # was 0 for about one in eight
+
+
+def test_allocate_zero_fills_on_request() -> None:
+    nodes = Nodes.allocate(1000, zero=True)
+    assert not nodes.buffer.any()
+
+
+def test_allocate_on_each_device(device: str) -> None:
+    nodes = Nodes.allocate(100_000, device=device)
+    assert nodes.device.type == torch.device(device).type
+    assert nodes.x.device == nodes.device and nodes.block("node_features").device == nodes.device
+    from soagen.runtime.buffers import address as buffer_address
+
+    assert buffer_address(nodes.buffer) % Nodes.ALIGNMENT == 0
+    nodes.x.fill_(1.5)
+    assert nodes.block("node_features")[:, 0].sum().item() == 150_000.0
+
+
+def test_pinned_allocation() -> None:
+    if torch.cuda.is_available():
+        nodes = Nodes.allocate(1000, pin_memory=True)
+        assert nodes.is_pinned and nodes.buffer.data_ptr() % 128 == 0
+    else:
+        with pytest.raises(DeviceError, match="pin_memory=True"):
+            Nodes.allocate(1000, pin_memory=True)
+    assert not Nodes.allocate(10).is_pinned
+    refusal = "device must be 'cpu'" if torch.cuda.is_available() else "has 0 CUDA device"
+    with pytest.raises(DeviceError, match=refusal):
+        Nodes.allocate(10, device="cuda:0", pin_memory=True)
+
+
+def test_bad_device_names_are_named() -> None:
+    with pytest.raises(DeviceError, match="device='nonsense'"):
+        Nodes.allocate(10, device="nonsense")
+    # A GPU that is not there: named, not torch's AssertionError from a CPU build.
+    missing = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(DeviceError, match=f"device='{missing}': this machine has"):
+        Nodes.allocate(10, device=missing)
+    with pytest.raises(DeviceError, match=f"device='{missing}'"):
+        Nodes.allocate(10).to(missing)
+
+
+@pytest.mark.parametrize("bad", [-1, -100])
+def test_negative_n_is_refused(bad: int) -> None:
+    with pytest.raises(ElementCountError, match=f"n must be >= 0, got {bad}"):
+        Nodes.allocate(bad)
+    with pytest.raises(ElementCountError, match=f"n must be >= 0, got {bad}"):
+        Nodes.wrap(Nodes.allocate(10).buffer, bad)
+
+
+@pytest.mark.parametrize("bad", [2.5, "3", True, None])
+def test_non_integer_n_is_refused(bad: object) -> None:
+    with pytest.raises(ElementCountError, match="n must be an integer"):
+        Nodes.allocate(bad)  # type: ignore[arg-type]
+
+
+def test_numpy_integers_count_as_n() -> None:
+    assert Nodes.allocate(np.int64(7)).size == 7
+
+
+# Wrapping writable memory without a copy.
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float64, torch.int32, torch.bool])
+def test_wrap_tensor_of_any_dtype(dtype: torch.dtype) -> None:
+    storage = aligned_tensor(Edges.byte_size(250) + 64, 128, dtype)
+    edges = Edges.wrap(storage, n=250)
+    assert edges.buffer.data_ptr() == storage.data_ptr()
+    assert edges.nbytes == Edges.byte_size(250)  # the first byte_size(n) bytes, not all
+    edges.dst.copy_(torch.arange(250))
+    raw = storage.view(torch.uint8)
+    offset = Edges.offsets(250)["dst"]
+    assert torch.equal(raw[offset : offset + 250 * 8].view(torch.int64), torch.arange(250))
+
+
+def test_wrap_a_multidimensional_tensor_and_another_collections_buffer() -> None:
+    storage = aligned_tensor(Nodes.byte_size(64), 128, torch.float32).reshape(-1, 4)
+    nodes = Nodes.wrap(storage, 64)
+    nodes.y.fill_(2.0)
+    again = Nodes.wrap(nodes.buffer, 64)
+    assert torch.equal(again.y, torch.full((64,), 2.0))
+    assert again.buffer.data_ptr() == storage.data_ptr()
+
+
+def test_wrap_numpy_array_shares_memory() -> None:
+    array = aligned_numpy(Edges.byte_size(10), 128, np.float32)
+    edges = Edges.wrap(array, 10)
+    edges.delta_r.fill_(4.0)
+    offset = Edges.offsets(10)["delta_r"] // 4
+    assert (array[offset : offset + 10] == 4.0).all()
+    assert edges.numpy("delta_r").ctypes.data == array.ctypes.data + offset * 4
+
+
+class Producer:
+    """A foreign DLPack producer (as CuPy or JAX would be), forwarding to an array it holds."""
+
+    def __init__(self, inner: Any, legacy: bool = False) -> None:
+        self.inner = inner
+        self.legacy = legacy
+        self.calls: list[dict[str, Any]] = []
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if self.legacy:
+            if set(kwargs) - {"stream"}:
+                raise TypeError("unexpected keyword")
+            return torch.utils.dlpack.to_dlpack(self.inner)
+        return self.inner.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> Any:
+        return self.inner.__dlpack_device__()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_wrap_dlpack_producer_shares_memory(legacy: bool) -> None:
+    storage = aligned_tensor(Edges.byte_size(16), 128)
+    producer = Producer(storage, legacy=legacy)
+    edges = Edges.wrap(producer, 16)
+    edges.src.fill_(9)
+    assert edges.buffer.data_ptr() == storage.data_ptr()
+    assert storage[:8].tolist() == [9, 0, 0, 0, 0, 0, 0, 0]
+    assert producer.calls[0].get("copy") is False  # asked for the memory itself, never a copy
+
+
+def test_wrap_dlpack_numpy_producer() -> None:
+    array = aligned_numpy(Edges.byte_size(16), 128)
+    edges = Edges.wrap(Producer(array), 16)
+    edges.src.fill_(3)
+    assert array[:8].tolist() == [3, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_wrap_bytearray(small: Callable[[int], type[Collection]]) -> None:
+    cls = small(16)  # CPython aligns a bytearray's data to 16 bytes
+    memory = bytearray(cls.byte_size(40))
+    assert address(memory) % 16 == 0
+    collection = cls.wrap(memory, 40)
+    collection.member("a").fill_(1.0)
+    assert np.frombuffer(memory, dtype=np.float32, count=40).tolist() == [1.0] * 40
+
+
+def test_wrap_memoryview_of_a_larger_block() -> None:
+    memory = bytearray(Nodes.byte_size(30) + 1024)
+    view = aligned_view(memory, Nodes.byte_size(30) + 500, 128)
+    nodes = Nodes.wrap(view, 30)
+    nodes.energy.fill_(5.0)
+    start = address(view) - address(memory) + Nodes.offsets(30)["energy"]
+    assert np.frombuffer(memory, np.float32, 30, start).tolist() == [5.0] * 30
+
+
+def test_wrap_writable_mmap(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.bin"
+    path.write_bytes(bytes(Nodes.byte_size(20)))
+    with open(path, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapped:
+        nodes = Nodes.wrap(mapped, 20)
+        nodes.detector_id.copy_(torch.arange(20, dtype=torch.int32))
+        nodes.bfield.fill_(3.8)
+        offset = Nodes.offsets(20)["detector_id"]
+        assert np.frombuffer(mapped, np.int32, 20, offset).tolist() == list(range(20))
+        del nodes  # release the exported buffer so the mapping can close
+    data = path.read_bytes()
+    assert np.frombuffer(data, np.int32, 20, Nodes.offsets(20)["detector_id"]).tolist() == list(
+        range(20)
+    )
+    assert np.frombuffer(data, np.float32, 1, Nodes.offsets(20)["bfield"])[0] == pytest.approx(3.8)
+
+
+def test_storage_that_starts_off_alignment_still_gives_typed_views(
+    small: Callable[[int], type[Collection]],
+) -> None:
+    # A storage whose start is 4 bytes off a float64 boundary, sliced to a 16-byte aligned buffer: the
+    # view's byte offset into its storage is not a multiple of 8, so Tensor.view(float64) alone fails.
+    cls = small(16)
+    memory = bytearray(cls.byte_size(10) + 64)
+    skip = (4 - address(memory)) % 16
+    storage = torch.frombuffer(memoryview(memory)[skip:], dtype=torch.uint8)
+    buffer = storage[12 : 12 + cls.byte_size(10)]
+    assert buffer.data_ptr() % 16 == 0 and buffer.storage_offset() % 8
+    collection = cls.wrap(buffer, 10)
+    collection.member("c").copy_(torch.arange(10))
+    collection.member("s").fill_(2.5)
+    offset = cls.offsets(10)["c"]
+    assert collection.member("c").data_ptr() == buffer.data_ptr() + offset
+    stored = np.frombuffer(memory, np.int64, 10, skip + 12 + offset)
+    assert stored.tolist() == list(range(10))
+    assert collection.numpy("s")[()] == 2.5
+
+
+# Read-only memory: refused, or wrapped read-only with NumPy views only.
+
+
+def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
+    nbytes = Nodes.byte_size(12)
+    contents = np.arange(nbytes // 4, dtype=np.float32).tobytes()
+    path = tmp_path / "ro.bin"
+    path.write_bytes(contents)
+    file = open(path, "rb")  # noqa: SIM115 - closed with the mapping by the garbage collector
+    mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    array = aligned_numpy(nbytes, 128)
+    array[:] = np.frombuffer(contents, np.uint8)
+    array.flags.writeable = False
+    return {
+        "bytes": aligned_bytes(contents, 128),
+        "mmap": mapped,
+        "numpy": array,
+        "dlpack": Producer(array),
+    }
+
+
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+def test_read_only_memory_is_refused_by_default(tmp_path: Path, kind: str) -> None:
+    source = _read_only_sources(tmp_path)[kind]
+    with pytest.raises(ReadOnlyBufferError, match="read_only=True"):
+        Nodes.wrap(source, 12)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+def test_read_only_wrap_gives_read_only_numpy_views_and_no_torch_views(
+    tmp_path: Path, kind: str
+) -> None:
+    if kind == "dlpack" and np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        pytest.skip("NumPy < 2 exports no read-only array through DLPack")
+    source = _read_only_sources(tmp_path)[kind]
+    nodes = Nodes.wrap(source, 12, read_only=True)
+    assert nodes.read_only
+    expected = np.arange(Nodes.byte_size(12) // 4, dtype=np.float32)
+    offset = Nodes.offsets(12)["y"] // 4
+    y = nodes.numpy("y")
+    assert isinstance(y, np.ndarray)
+    assert y.tolist() == expected[offset : offset + 12].tolist()
+    assert not y.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        y[0] = 1.0
+    with pytest.raises(ValueError):
+        y.flags.writeable = True
+    for name, view in nodes.numpy().items():
+        assert not view.flags.writeable, name
+    block = nodes.numpy(Nodes.BLOCKS["node_features"])
+    assert block.shape == (12, 4) and not block.flags.writeable
+    for refused in (
+        lambda: nodes.y,
+        lambda: nodes.member("x"),
+        lambda: nodes.block("node_features"),
+        lambda: nodes.view(Nodes.member_views(12)["x"]),
+        lambda: nodes.buffer,
+        lambda: nodes[2:4].covariance,
+    ):
+        with pytest.raises(ReadOnlyCollectionError, match="numpy"):
+            refused()
+    copy = nodes.clone()  # reading is fine: the copy is new, writable memory
+    assert not copy.read_only
+    assert copy.y.tolist() == expected[offset : offset + 12].tolist()
+    copy.y.fill_(0.0)
+    assert nodes.numpy("y").tolist() == expected[offset : offset + 12].tolist()
+
+
+def test_unsafe_torch_views_of_read_only_memory_are_explicit(tmp_path: Path) -> None:
+    source = _read_only_sources(tmp_path)["mmap"]
+    nodes = Nodes.wrap(source, 12, read_only=True, unsafe_torch_views=True)
+    assert nodes.read_only
+    assert nodes.x.tolist() == list(range(12))
+    with pytest.raises(ValueError, match="only applies with read_only=True"):
+        Nodes.wrap(bytearray(10), 1, unsafe_torch_views=True)
+
+
+def test_read_only_wrap_of_writable_memory_cannot_be_written_through_numpy() -> None:
+    array = aligned_numpy(Edges.byte_size(8), 128)
+    edges = Edges.wrap(array, 8, read_only=True)
+    src = edges.numpy("src")
+    with pytest.raises(ValueError):
+        src[0] = 1
+    with pytest.raises(ValueError):
+        src.flags.writeable = True
+    with pytest.raises(ReadOnlyCollectionError):
+        _ = edges.src
+
+
+# Bad buffers, each with a message naming the argument and the numbers.
+
+
+def test_buffer_too_small() -> None:
+    buffer = aligned_tensor(1000, 128)
+    with pytest.raises(BufferTooSmallError) as caught:
+        Nodes.wrap(buffer, 100)
+    assert str(caught.value) == (
+        f"buffer holds 1000 bytes but Nodes with n=100 needs {Nodes.byte_size(100)} "
+        "(Nodes.byte_size(100))"
+    )
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, SoaRuntimeError)
+    assert isinstance(caught.value, InvalidBufferError)
+
+
+@pytest.mark.parametrize("shift", [1, 4, 64])
+def test_misaligned_buffer(shift: int) -> None:
+    buffer = aligned_tensor(Nodes.byte_size(10) + 128, 128)[shift:]
+    with pytest.raises(MisalignedBufferError, match=f"{shift} bytes past a 128-byte boundary"):
+        Nodes.wrap(buffer, 10)
+
+
+def test_wrong_device() -> None:
+    buffer = Nodes.allocate(10).buffer
+    for asked in ("cuda:0", "cuda", "meta"):
+        with pytest.raises(DeviceError, match=f"buffer is on cpu but device='{asked}'"):
+            Nodes.wrap(buffer, 10, device=asked)
+    assert Nodes.wrap(buffer, 10, device="cpu").device == torch.device("cpu")
+
+
+def test_wrap_on_each_device(device: str) -> None:
+    edges = Edges.allocate(100, device=device)
+    again = Edges.wrap(edges.buffer, 100, device=device)
+    edges.src.fill_(4)
+    assert again.src.sum().item() == 400
+    assert again.buffer.data_ptr() == edges.buffer.data_ptr()
+
+
+def test_non_contiguous_buffers() -> None:
+    tensor = aligned_tensor(2 * Nodes.byte_size(10), 128)
+    with pytest.raises(NonContiguousBufferError, match="contiguous.*strides \\(2,\\)"):
+        Nodes.wrap(tensor[::2], 10)
+    square = aligned_tensor(Nodes.byte_size(10) * 4, 128, torch.float32).reshape(-1, 128).T
+    with pytest.raises(NonContiguousBufferError, match="torch.Tensor"):
+        Nodes.wrap(square, 10)
+    array = aligned_numpy(2 * Nodes.byte_size(10), 128)
+    with pytest.raises(NonContiguousBufferError, match="numpy"):
+        Nodes.wrap(array[::2], 10)
+    view = memoryview(bytearray(2 * Nodes.byte_size(10)))[::2]
+    with pytest.raises(NonContiguousBufferError, match="memoryview"):
+        Nodes.wrap(view, 10)
+
+
+@pytest.mark.parametrize("bad", ["text", 12, [1, 2, 3], None])
+def test_unsupported_buffer_kinds(bad: object) -> None:
+    with pytest.raises(UnsupportedBufferError, match="buffer must be") as caught:
+        Nodes.wrap(bad, 1)
+    assert isinstance(caught.value, TypeError)
+
+
+def test_lazy_conjugate_tensor_is_refused() -> None:
+    tensor = torch.zeros(Nodes.byte_size(1) // 8, dtype=torch.complex64).conj()
+    with pytest.raises(UnsupportedBufferError, match="conjugate"):
+        Nodes.wrap(tensor, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.float16, torch.bool])
+@pytest.mark.parametrize(
+    ("n", "columns", "pitch"),
+    [
+        (5000, 2, 5000),  # unpadded columns: the transpose ATen would copy in tiles
+        (5000, 2, 5024),  # padded columns
+        (1024, 3, 1024),  # under the tiled-transpose size
+        (300, 64, 300),  # many columns
+        (4096, 1, 4096),  # one column: already contiguous
+    ],
+)
+def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
+    dtype: torch.dtype, n: int, columns: int, pitch: int
+) -> None:
+    from soagen.runtime.buffers import contiguous_copy
+
+    storage = torch.randint(0, 100, (columns * pitch,)).to(dtype)
+    view = storage.as_strided((n, columns), (1, pitch))
+    copy = contiguous_copy(view)
+    assert copy.is_contiguous() and copy.dtype == dtype and copy.shape == view.shape
+    assert torch.equal(copy, view)
+    if columns > 1:
+        assert copy.data_ptr() != storage.data_ptr()
+        copy.zero_()
+        assert torch.equal(view, storage.as_strided((n, columns), (1, pitch)))
+    # A one-column result seen as [1, n] is contiguous already: no copy.
+    single = torch.arange(5000, dtype=torch.float32).reshape(5000, 1).t()
+    assert contiguous_copy(single).data_ptr() == single.data_ptr()
+    # A row-major [n, c] seen as [c, n] (what `soagen serve` sends) and tensors of other ranks.
+    for other in (copy.t(), storage[:n], storage[: 4 * 5 * 6].reshape(4, 5, 6).transpose(0, 2)):
+        assert torch.equal(contiguous_copy(other), other.contiguous())
+        assert contiguous_copy(other).is_contiguous()
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.int8, torch.bool, torch.bfloat16, torch.complex64],
+)
+@pytest.mark.parametrize("columns", [1, 2, 9])
+@pytest.mark.parametrize("n", [3, 10_000])
+def test_copy_values_writes_every_bit_into_column_views(
+    dtype: torch.dtype, columns: int, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soagen.runtime import buffers
+
+    # Small chunks, so that the chunked path runs at test sizes (rows 0..k, k.., a short tail).
+    monkeypatch.setattr(buffers, "_COPY_CHUNK_BYTES", 4096)
+    pitch = n + 29
+    source_bytes = torch.randint(0, 256, (n * columns * dtype.itemsize,), dtype=torch.uint8)
+    if dtype == torch.bool:
+        source_bytes %= 2
+    # Arbitrary bit patterns: NaN payloads, negative zeros and denormals must come through as is.
+    source = source_bytes.view(dtype).reshape(n, columns)
+    storage = torch.zeros(columns * pitch + 7, dtype=dtype)
+    target = storage[7:].as_strided((n, columns), (1, pitch))
+    version = storage._version
+    buffers.copy_values(target, source)
+    written = torch.empty(n, columns, dtype=dtype).copy_(target)  # same dtype: bits as they are
+    assert torch.equal(written.view(torch.uint8), source.view(torch.uint8))
+    assert storage._version > version  # the write is seen by autograd's counter
+    # The padding between columns and the bytes before the view are untouched.
+    untouched = torch.ones(storage.shape, dtype=torch.bool)
+    untouched[7:].as_strided((n, columns), (1, pitch)).fill_(False)
+    assert not storage[untouched].any()
+
+
+def test_copy_values_keeps_copy_semantics_for_other_pairs() -> None:
+    from soagen.runtime.buffers import copy_values
+
+    target = torch.zeros(10_000, 2)
+    copy_values(target, torch.tensor([1.5, 2.5]))  # a broadcast source
+    assert torch.equal(target, torch.tensor([1.5, 2.5]).expand(10_000, 2))
+    copy_values(target, torch.ones(10_000, 2, dtype=torch.float64).t().contiguous().t())
+    assert torch.equal(target, torch.ones(10_000, 2))  # another dtype: converted
+    with pytest.raises(RuntimeError):
+        copy_values(target, torch.ones(9_999, 2).t().contiguous().t())
+
+
+def test_memory_without_torch_says_what_to_install() -> None:
+    # Generated modules import without torch (generation and linting need none); memory needs it.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from generated.gnn import Nodes\n"
+        "Nodes.allocate(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "ModuleNotFoundError: soagen's collections need torch" in done.stderr
+    assert "pip install 'soagen[torch]'" in done.stderr
+
+
+def test_exact_wrapping_catches_a_wrong_element_count() -> None:
+    """Member offsets depend on n: 500 elements of a 1000-element buffer read other bytes."""
+    full = Nodes.allocate(1000, zero=True)
+    full.y.fill_(5.0)
+    assert Nodes.wrap(full.buffer, 500).y.max() == 0  # allowed: the first byte_size(500) bytes
+    with pytest.raises(ElementCountError, match=r"not the \d+ of Nodes with n=500 \(exact=True\)"):
+        Nodes.wrap(full.buffer, 500, exact=True)
+    assert Nodes.wrap(full.buffer, 1000, exact=True).y.min() == 5.0

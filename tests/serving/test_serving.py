@@ -1,0 +1,836 @@
+"""`soagen serve` and `Model.remote(url)` against a real Triton server on 127.0.0.1.
+
+The tests start `soagen serve` (NVIDIA PyTriton's tritonserver) as a subprocess on free loopback
+ports and stop it at the end; a second server is started to be killed mid-run. They skip cleanly
+where PyTriton or tritonclient is not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from soagen.serving.wire import wire_tensor
+from tests.helpers import (
+    REPO,
+    SERVE_GNN,
+    assert_no_host_device_copies,
+    free_ports,
+    modules_imported_by,
+    run_cli,
+    serve_gnn_command,
+    serve_ready,
+)
+
+torch = pytest.importorskip("torch")
+
+from examples.gnn_model import build_model  # noqa: E402
+from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
+from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
+from soagen.serving import (  # noqa: E402
+    RemoteConfigurationError,
+    RemoteInferenceError,
+    RemoteResponseError,
+    RemoteUnavailableError,
+)
+
+needs_triton = pytest.mark.skipif(
+    any(
+        __import__("importlib").util.find_spec(name) is None
+        for name in ("pytriton", "tritonclient")
+    ),
+    reason="nvidia-pytriton (soagen[serve]) is not installed",
+)
+
+_START_TIMEOUT_S = 90
+
+
+@dataclass
+class Served:
+    url: str
+    token: str
+    process: subprocess.Popen[str]
+    log: Path
+    workspace: str
+
+
+def _start_server(folder: Path, *extra: str, model_file: Path | None = None) -> Served:
+    token_file, log = folder / "token", folder / "server.log"
+    with log.open("w") as log_file:
+        # A session of its own, so a test can kill the server with everything it started.
+        process = subprocess.Popen(
+            serve_gnn_command(token_file, *extra, model_file=model_file),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            start_new_session=True,
+            # Workspaces, and the folder tritonserver unpacks the model into, stay in the test's
+            # (which may be too deep for PyTriton's sockets: the server then uses /tmp).
+            env={**os.environ, "TMPDIR": str(folder)},
+        )
+    ready: list[dict[str, object] | None] = []
+    reader = threading.Thread(target=lambda: ready.append(serve_ready(process)), daemon=True)
+    reader.start()
+    reader.join(_START_TIMEOUT_S)
+    if not ready or ready[0] is None:
+        _stop(process, hard=True)
+        pytest.fail(f"soagen serve did not start:\n{log.read_text()[-4000:]}")
+    token = token_file.read_text().strip()
+    return Served(str(ready[0]["grpc"]), token, process, log, str(ready[0]["workspace"]))
+
+
+def _forget_model_folders_of(served: Served) -> None:
+    """A killed tritonserver leaves the folder it unpacked the model into (/tmp/folderXXXXXX,
+    whatever TMPDIR says); its config names the server's workspace."""
+    for folder in Path("/tmp").glob("folder*"):
+        with contextlib.suppress(OSError):
+            if served.workspace in (folder / "config.pbtxt").read_text():
+                shutil.rmtree(folder)
+
+
+def _stop(process: subprocess.Popen[str], *, hard: bool = False) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL if hard else signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    # A longer queue delay than the default (20 ms, not 0.5) makes batching of concurrent events
+    # certain even on a loaded machine; a lone request waits that long.
+    served = _start_server(tmp_path_factory.mktemp("serve"), "--max-queue-delay-us", "20000")
+    try:
+        yield served
+    finally:
+        _stop(served.process)
+
+
+@pytest.fixture(scope="module")
+def aot_server(
+    tmp_path_factory: pytest.TempPathFactory, gnn_build: tuple[Path, str, str]
+) -> Iterator[Served]:
+    """`soagen serve --model-file` of the example GNN's AOTInductor package."""
+    served = _start_server(tmp_path_factory.mktemp("serve_aot"), model_file=gnn_build[0])
+    try:
+        yield served
+    finally:
+        _stop(served.process)
+
+
+def _event(nodes_n: int, edges_n: int, seed: int) -> tuple[Nodes, Edges]:
+    generator = torch.Generator().manual_seed(seed)
+    nodes = Nodes.allocate(nodes_n, zero=True)
+    edges = Edges.allocate(edges_n, zero=True)
+    for column in (nodes.x, nodes.y, nodes.z, edges.delta_eta):
+        column.copy_(torch.randn(column.shape, generator=generator))
+    for column in (nodes.energy, edges.delta_r):
+        column.copy_(torch.rand(column.shape, generator=generator))
+    for column in (edges.src, edges.dst):
+        column.copy_(torch.randint(0, max(nodes_n, 1), column.shape, generator=generator))
+    return nodes, edges
+
+
+@pytest.fixture(scope="module")
+def local() -> EdgeClassifier:
+    return EdgeClassifier(build_model())
+
+
+def _expected(local: EdgeClassifier, nodes: Nodes, edges: Edges) -> torch.Tensor:
+    out = EdgeScores.allocate(edges.size, zero=True)
+    local(nodes, edges, out=out)
+    return out.score.clone()
+
+
+def _block_bytes(nodes: Nodes, edges: Edges) -> int:
+    return nodes.size * 4 * 4 + edges.size * (2 * 8 + 2 * 4)
+
+
+# The wire form needs no server.
+
+
+def test_blocks_travel_in_storage_order_with_one_event_per_request() -> None:
+    inputs = {spec.name: wire_tensor(spec) for spec in EdgeClassifier.INPUTS}
+    outputs = {spec.name: wire_tensor(spec) for spec in EdgeClassifier.OUTPUTS}
+    # [n, c] columns travel as [c, n]: one contiguous copy per column, no transpose.
+    assert inputs["node_features"].order == (1, 0)
+    assert inputs["node_features"].dims == (4, -1)
+    assert inputs["node_features"].describe() == "node_features: FP32 [1, 4, n]"
+    assert inputs["edge_index"].order == (0, 1)
+    assert inputs["edge_index"].dims == (2, -1)
+    assert inputs["edge_index"].datatype == "INT64"
+    assert outputs["edge_scores"].dims == (-1,)
+    assert inputs["node_features"].inverse == (1, 0)
+
+
+def _wire_request(nodes: Nodes, edges: Edges) -> object:
+    """A request as PyTriton hands it to the server's function: `.data`, wire arrays by name."""
+    collections = {"node_features": nodes, "edge_index": edges, "edge_features": edges}
+    data = {}
+    for spec in EdgeClassifier.INPUTS:
+        wire = wire_tensor(spec)
+        view = collections[spec.name].block(spec.block).permute(wire.order)
+        data[wire.name] = view.contiguous().numpy()[None]
+    return type("Request", (), {"data": data})()
+
+
+def test_an_event_that_fails_among_others_is_answered_alone(local: EdgeClassifier) -> None:
+    # PyTriton fails a whole execution when its function raises: the server answers a bad event
+    # with its error and placeholder outputs, and the events batched with it keep their results.
+    import numpy as np
+
+    from soagen.runtime import ensure_cpu_settings
+    from soagen.runtime.errors import IndexRangeError
+    from soagen.serving.server import EventRunner
+    from soagen.serving.wire import ERROR_OUTPUT
+
+    ensure_cpu_settings()  # as `soagen serve` does before it starts: same threads as local calls
+    runner = EventRunner(local, {"Nodes": Nodes, "Edges": Edges}, "cpu")
+    good = [_event(10 + k, 30 + k, k) for k in range(2)]
+    bad_nodes, bad_edges = _event(10, 30, 7)
+    bad_edges.dst[4] = 10  # not a node
+    answers = runner(
+        [_wire_request(*good[0]), _wire_request(bad_nodes, bad_edges), _wire_request(*good[1])]
+    )
+    for (nodes, edges), answer in zip(good, answers[::2], strict=True):
+        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+        assert torch.equal(
+            torch.from_numpy(answer["edge_scores"][0]), _expected(local, nodes, edges)
+        )
+    failed = answers[1]
+    assert failed["edge_scores"].shape == (1, 1)  # PyTriton cannot send empty arrays
+    message = failed[ERROR_OUTPUT].reshape(-1)[0].decode()
+    assert message.startswith("IndexRangeError: EdgeClassifier: input 'edge_index' holds indices")
+    assert failed[ERROR_OUTPUT].dtype.kind == "S" and np.all(answers[0][ERROR_OUTPUT] == b"")
+    # Alone in its execution, the event fails as a Triton error (any client reads those).
+    with pytest.raises(IndexRangeError):
+        runner([_wire_request(bad_nodes, bad_edges)])
+
+
+def test_client_follows_the_servers_axis_order_and_batch_axis() -> None:
+    from soagen.serving.client import _served
+
+    wire = wire_tensor(EdgeClassifier.INPUTS[0])  # node_features as [n, c]
+    storage = {
+        "node_features": {"name": "node_features", "dims": ["4", "-1"], "data_type": "TYPE_FP32"}
+    }
+    # `soagen triton --backend pytorch` keeps the declared axes, without a batch axis.
+    declared = {
+        "node_features": {"name": "node_features", "dims": [-1, 4], "data_type": "TYPE_FP32"}
+    }
+    assert _served("M", "u", wire, storage, True) == wire
+    from_repository = _served("M", "u", wire, declared, False)
+    assert (from_repository.order, from_repository.batched) == ((0, 1), False)
+    assert from_repository.wire_shape((7, 4)) == (7, 4) and wire.wire_shape((7, 4)) == (1, 4, 7)
+    other = {"node_features": {"name": "node_features", "dims": [-1, 3], "data_type": "TYPE_FP32"}}
+    with pytest.raises(RemoteConfigurationError, match=r"FP32 \[-1, 3\]"):
+        _served("M", "u", wire, other, True)
+    with pytest.raises(RemoteConfigurationError, match="no tensor 'node_features'"):
+        _served("M", "u", wire, {}, True)
+
+
+_ODD_BLOCKS = """
+layout Hits {
+    column bfloat16 a, b
+    column float32[2, 3] m
+}
+model Odd {
+    input ab = Hits{a, b} as [n, c]
+    input mm = Hits{m} as [n, 2, 3]
+    output o = Hits{a} as [n]
+}
+"""
+
+
+def test_blocks_are_copied_once_in_wire_order_from_any_device(
+    device: str, generated_from_text: Callable[[str], ModuleType]
+) -> None:
+    from multiprocessing.shared_memory import SharedMemory
+
+    import numpy as np
+
+    from soagen.runtime.buffers import tensor_of
+    from soagen.serving.client import (
+        _copy_into,
+        _cuda_shared_memory,
+        _CudaRegion,
+        _declared_tensor,
+        _host_array,
+        _wire_source,
+    )
+
+    module = generated_from_text(_ODD_BLOCKS)
+    hits = module.Hits.allocate(37, zero=True)
+    hits.buffer.copy_(torch.randint(0, 120, (hits.nbytes,), dtype=torch.uint8))  # no NaN patterns
+    on_device = hits.to(device)
+    wires = {spec.name: wire_tensor(spec) for spec in module.Odd.INPUTS}
+    assert wires["mm"].order == (2, 1, 0) and wires["mm"].dims == (3, 2, -1)
+    assert wires["ab"].datatype == "UINT16"  # bfloat16 travels as its bits
+    for spec in module.Odd.INPUTS:
+        wire = wires[spec.name]
+        expected = hits.numpy(spec.block).transpose(wire.order)
+        source = _wire_source(on_device, spec.block, wire)
+        host, copies = _host_array(source, wire)
+        assert copies == (0 if device == "cpu" else 1)
+        assert np.array_equal(host, expected) and host.dtype == expected.dtype
+        region = SharedMemory(create=True, size=expected.nbytes + 64)
+        try:
+            _copy_into(region, 64, source, wire)
+            copied = np.ndarray(expected.shape, expected.dtype, buffer=region.buf, offset=64)
+            assert np.array_equal(copied, expected)
+            # Back in declared order, as outputs come back: the block itself, bit for bit.
+            back = on_device.block(spec.block).clone().zero_()
+            back.copy_(_declared_tensor(copied, wire))
+            bits = back.cpu().contiguous().view(torch.uint8)
+            assert torch.equal(bits, hits.block(spec.block).contiguous().view(torch.uint8))
+            del copied
+        finally:
+            region.close()
+            region.unlink()
+        if device.startswith("cuda") and _cuda_shared_memory() is not None:
+            # The same block through a CUDA shared-memory region: copied and read on the GPU.
+            on_gpu = _CudaRegion("soagen_test", expected.nbytes + 64, on_device.device)
+            try:
+                on_gpu.write(64, source, wire)
+                on_gpu.settle()
+                shape = tuple(int(size) for size in source.shape)
+                assert torch.equal(
+                    on_gpu.read(64, shape, wire).cpu(), tensor_of(expected, wire.dtype)
+                )
+            finally:
+                on_gpu.destroy()
+
+
+def test_remote_arguments_are_checked_before_any_connection() -> None:
+    for kwargs, word in (
+        ({"timeout": 0}, "timeout"),
+        ({"retries": -1}, "retries"),
+        ({"shared_memory": "yes"}, "shared_memory"),
+        ({"model_name": ""}, "model_name"),
+    ):
+        with pytest.raises(RemoteConfigurationError, match=word):
+            EdgeClassifier.remote("127.0.0.1:1", **kwargs)  # type: ignore[arg-type]
+    for url in ("127.0.0.1", "http://127.0.0.1:8000", "", "host:port"):
+        with pytest.raises(RemoteConfigurationError, match="url"):
+            EdgeClassifier.remote(url)
+    with pytest.raises(SoaRuntimeError, match="index_bounds"):
+        EdgeClassifier.remote("127.0.0.1:1", index_bounds={"edge_index": "nodes"})
+
+
+def test_serving_package_imports_nothing_heavy() -> None:
+    code = "import soagen.serving, soagen.serving.events, soagen.serving.wire, soagen.runtime"
+    heavy = ("torch", "numpy", "tritonclient", "pytriton")
+    assert modules_imported_by(code, heavy) == []
+
+
+def test_serve_usage_errors_exit_2() -> None:
+    status, _, err = run_cli(*SERVE_GNN[:4])
+    assert status == 2
+    nope = [*SERVE_GNN[:3], "Nope", *SERVE_GNN[4:]]
+    status, _, err = run_cli(*nope)
+    assert status == 2 and "no model 'Nope'" in err and "EdgeClassifier" in err
+    status, _, err = run_cli(*SERVE_GNN, "--grpc-port", "70000")
+    assert status == 2 and "--grpc-port" in err
+
+
+# A real server.
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["grpc", "shared-memory"])
+def test_round_trip_equals_local_execution(
+    server: Served, local: EdgeClassifier, shared_memory: bool
+) -> None:
+    # The server rebuilds each event's collections (same pitches, so the same strides) and runs
+    # the same module with the same thread count as the local call: results agree bit for bit.
+    with EdgeClassifier.remote(
+        server.url, shared_memory=shared_memory, access_token=server.token
+    ) as remote:
+        assert isinstance(remote, EdgeClassifier) and remote.backend == "remote"
+        copied = 0
+        for seed, (nodes_n, edges_n) in enumerate([(1, 1), (33, 100), (1000, 5000), (257, 4099)]):
+            nodes, edges = _event(nodes_n, edges_n, seed)
+            out = EdgeScores.allocate(edges_n, zero=True)
+            remote(nodes, edges, out=out)
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+            copied += _block_bytes(nodes, edges)
+        assert remote.uses_shared_memory is shared_memory
+        stats = remote.stats
+        assert (stats.calls, stats.writes, stats.retries, stats.fallbacks) == (4, 4, 0, 0)
+        # Each input block is copied once: into shared memory, or into the request's bytes.
+        assert stats.bytes_copied == copied
+        assert stats.bytes_shared == (copied if shared_memory else 0)
+        assert stats.bytes_to_host == 0
+
+
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_collections_travel_through_cuda_shared_memory(
+    server: Served, local: EdgeClassifier
+) -> None:
+    from soagen.serving.client import _cuda_shared_memory
+
+    if _cuda_shared_memory() is None:
+        pytest.skip(
+            "tritonclient's CUDA utilities need cuda-python: pip install tritonclient[cuda]"
+        )
+    with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
+        copied = 0
+        for seed, (nodes_n, edges_n) in enumerate([(1, 1), (33, 100), (1000, 5000)]):
+            nodes, edges = _event(nodes_n, edges_n, seed)
+            out = EdgeScores.allocate(edges_n, device="cuda", zero=True)
+            remote(nodes.to("cuda"), edges.to("cuda"), out=out)
+            assert remote.uses_cuda_shared_memory, remote.cuda_shared_memory_refusal
+            assert torch.equal(out.score.cpu(), _expected(local, nodes, edges))
+            copied += _block_bytes(nodes, edges)
+        # Each block is copied once, on the GPU, into the region the server reads.
+        stats = remote.stats
+        assert (stats.bytes_copied, stats.bytes_shared, stats.bytes_to_host) == (copied, copied, 0)
+        # The index check reads two numbers back and raises here: no device-side assert, which
+        # would end this process's CUDA context.
+        host_nodes, host_edges = _event(300, 1000, 8)
+        host_edges.src[5] = 300  # not a node
+        nodes, edges = host_nodes.to("cuda"), host_edges.to("cuda")
+        out = EdgeScores.allocate(1000, device="cuda", zero=True)
+        with pytest.raises(IndexRangeError, match="edge_index"):
+            remote(nodes, edges, out=out)
+        edges.src[5] = 0
+        remote(nodes, edges, out=out)
+        assert bool((out.score > 0).all())
+    # Unchecked (the caller vouches for the indices), a call copies nothing between host and GPU.
+    with EdgeClassifier.remote(
+        server.url, access_token=server.token, index_bounds={"edge_index": None}
+    ) as remote:
+        nodes, edges = (collection.to("cuda") for collection in _event(2_000, 20_000, 9))
+        out = EdgeScores.allocate(edges.size, device="cuda")
+        remote(nodes, edges, out=out)  # registers the region
+        stream = torch.cuda.current_stream()
+        assert_no_host_device_copies(lambda: remote(nodes, edges, out=out), stream)
+
+
+@needs_triton
+def test_an_aot_package_serves_and_a_bad_index_fails_only_its_own_call(
+    aot_server: Served, gnn_build: tuple[Path, str, str]
+) -> None:
+    # Inside AOTInductor's kernels an index out of range aborts the process: served, that would
+    # take the server down for every client. The schema's bound stops the event first.
+    local = EdgeClassifier.load(gnn_build[0])
+    unchecked = {"edge_index": None}  # so that the bad event reaches the server
+    with EdgeClassifier.remote(
+        aot_server.url, access_token=aot_server.token, index_bounds=unchecked
+    ) as remote:
+        for seed, (nodes_n, edges_n) in enumerate([(1, 1), (300, 1000), (257, 4099)]):
+            nodes, edges = _event(nodes_n, edges_n, seed)
+            out, expected = EdgeScores.allocate(edges_n), EdgeScores.allocate(edges_n)
+            remote(nodes, edges, out=out)
+            local(nodes, edges, out=expected)
+            assert torch.equal(out.score, expected.score)
+        nodes, edges = _event(300, 1000, 7)
+        edges.src[3] = 10_000  # not a node
+        out = EdgeScores.allocate(1000, zero=True)
+        with pytest.raises(RemoteInferenceError, match="IndexRangeError"):
+            remote(nodes, edges, out=out)
+        assert bool((out.score == 0).all())
+        edges.src[3] = 0
+        remote(nodes, edges, out=out)  # the server is still there
+        assert aot_server.process.poll() is None
+
+
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_gpu_server_refuses_a_bad_index_and_serves_on(
+    tmp_path: Path, local: EdgeClassifier
+) -> None:
+    # On a GPU the binding's own check is a device-side assert, after which every request would
+    # fail: the server checks events on the host first.
+    served = _start_server(tmp_path, "--device", "cuda")
+    try:
+        with EdgeClassifier.remote(
+            served.url, access_token=served.token, index_bounds={"edge_index": None}
+        ) as remote:
+            nodes, edges = _event(300, 1000, 7)
+            edges.src[3] = 300  # not a node
+            out = EdgeScores.allocate(1000, zero=True)
+            with pytest.raises(RemoteInferenceError, match=r"outside \[0, 300\)"):
+                remote(nodes, edges, out=out)
+            assert bool((out.score == 0).all())
+            edges.src[3] = 0
+            remote(nodes, edges, out=out)
+            torch.testing.assert_close(
+                out.score, _expected(local, nodes, edges), rtol=1e-4, atol=1e-5
+            )
+    finally:
+        _stop(served.process)
+
+
+@needs_triton
+def test_slices_are_sent_as_events(server: Served, local: EdgeClassifier) -> None:
+    nodes, edges = _event(3000, 3000, 7)
+    # A slice's indices count the slice's own nodes (the last slice has 952).
+    edges.src.copy_(torch.arange(3000) % 952)
+    edges.dst.copy_(torch.arange(3000) * 7 % 952)
+    out, expected = EdgeScores.allocate(3000, zero=True), EdgeScores.allocate(3000, zero=True)
+    slices = ((0, 1024), (1024, 2048), (2048, 3000))
+    batched, expected_batched = EdgeScores.allocate(3000), EdgeScores.allocate(3000)
+    with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
+        for start, stop in slices:
+            remote(nodes[start:stop], edges[start:stop], out=out[start:stop])
+        assert remote.stats.calls == 3
+        # batch_size slices the edges and sends every event all nodes (`node_features` is whole).
+        remote(nodes, edges, out=batched, batch_size=1024)
+        assert remote.stats.calls == 6
+    for start, stop in slices:
+        local(nodes[start:stop], edges[start:stop], out=expected[start:stop])
+    assert torch.equal(out.score, expected.score)
+    local(nodes, edges, out=expected_batched, batch_size=1024)
+    torch.testing.assert_close(batched.score, expected_batched.score)
+
+
+@needs_triton
+def test_concurrent_clients_are_batched_by_the_server(
+    server: Served, local: EdgeClassifier
+) -> None:
+    remote = EdgeClassifier.remote(server.url, access_token=server.token)
+    config = remote._client.get_model_config("EdgeClassifier", as_json=True)["config"]
+    assert all(entry["allow_ragged_batch"] for entry in config["input"])
+    before = remote.server_statistics()
+    events = [_event(50 + k, 200 + 13 * k, 100 + k) for k in range(32)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(events))
+
+    def call(k: int) -> None:
+        # A client of its own, as each reconstruction job has (its own channel and region).
+        try:
+            with EdgeClassifier.remote(server.url, access_token=server.token) as own:
+                barrier.wait()
+                nodes, edges = events[k]
+                for _ in range(2):
+                    own(nodes, edges, out=outs[k])
+        except BaseException as error:  # collected, re-raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    after = remote.server_statistics()
+    inferences = int(after["inference_count"]) - int(before.get("inference_count", 0))
+    executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
+    assert inferences == 2 * len(events)
+    assert executions < inferences  # events of different sizes shared executions
+    remote.close()
+
+
+@needs_triton
+def test_server_errors_name_the_url_and_leave_the_output_untouched(server: Served) -> None:
+    nodes, edges = _event(10, 20, 3)
+    edges.src[5] = 99  # not a node
+    out = EdgeScores.allocate(20, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    # The client checks the schema's index bound first: the event never leaves.
+    with EdgeClassifier.remote(server.url, access_token=server.token) as remote:
+        with pytest.raises(IndexRangeError, match="edge_index"):
+            remote(nodes, edges, out=out)
+        assert remote.stats.attempts == 0
+    # Unchecked here, the server's own check answers.
+    unchecked = {"edge_index": None}
+    with EdgeClassifier.remote(
+        server.url, access_token=server.token, index_bounds=unchecked
+    ) as remote:
+        with pytest.raises(RemoteInferenceError, match="IndexRangeError") as caught:
+            remote(nodes, edges, out=out)
+        assert server.url in str(caught.value) and "nothing was written" in str(caught.value)
+        assert isinstance(caught.value, SoaRuntimeError)
+        assert remote.stats.retries == 0  # an answer is not retried
+    assert bytes(out.buffer.numpy()) == before
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["grpc", "shared-memory"])
+def test_a_bad_event_fails_only_its_own_call(
+    server: Served, local: EdgeClassifier, shared_memory: bool
+) -> None:
+    # Concurrent events share executions (the server's queue delay is 20 ms): one bad event
+    # among them fails its own call, and every other call gets its results. The client's own
+    # index check is off, so that the bad event reaches the server.
+    remote = EdgeClassifier.remote(
+        server.url,
+        shared_memory=shared_memory,
+        access_token=server.token,
+        index_bounds={"edge_index": None},
+    )
+    events = [_event(20 + k, 60 + 7 * k, 40 + k) for k in range(8)]
+    events[3][1].src[11] = 1000  # not a node
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    for out in outs:
+        out.score.fill_(-1.0)
+    raised: dict[int, BaseException] = {}
+    barrier = threading.Barrier(len(events))
+
+    def call(k: int) -> None:
+        try:
+            barrier.wait()
+            remote(*events[k], out=outs[k])
+        except BaseException as error:  # collected, checked below
+            raised[k] = error
+
+    before = remote.server_statistics()
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    after = remote.server_statistics()
+    remote.close()
+    assert list(raised) == [3], raised
+    assert isinstance(raised[3], RemoteInferenceError)
+    assert "IndexRangeError" in str(raised[3]) and "nothing was written" in str(raised[3])
+    assert bool((outs[3].score == -1.0).all())
+    for k, ((nodes, edges), out) in enumerate(zip(events, outs, strict=True)):
+        if k != 3:
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+    executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
+    assert executions < len(events)  # events shared executions
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["grpc", "shared-memory"])
+@pytest.mark.parametrize("out_size", [19, 21])
+def test_a_response_that_does_not_fit_is_refused_before_writing(
+    server: Served, shared_memory: bool, out_size: int
+) -> None:
+    nodes, edges = _event(10, 20, 4)
+    out = EdgeScores.allocate(out_size, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    with EdgeClassifier.remote(
+        server.url, shared_memory=shared_memory, access_token=server.token
+    ) as remote:
+        with pytest.raises(RemoteResponseError, match="edge_scores|output") as caught:
+            remote(nodes, edges, out=out)
+        assert "nothing was written" in str(caught.value)
+    assert bytes(out.buffer.numpy()) == before
+
+
+@needs_triton
+def test_shared_memory_needs_the_servers_token(server: Served, local: EdgeClassifier) -> None:
+    nodes, edges = _event(40, 80, 5)
+    out = EdgeScores.allocate(80, zero=True)
+    with EdgeClassifier.remote(server.url, shared_memory=True) as remote:
+        with pytest.raises(RemoteConfigurationError, match="access_token"):
+            remote(nodes, edges, out=out)
+    # By default a refusal means blocks travel in the request instead.
+    with EdgeClassifier.remote(server.url) as remote:
+        assert remote.uses_shared_memory
+        remote(nodes, edges, out=out)
+        assert not remote.uses_shared_memory and remote.stats.bytes_shared == 0
+    assert torch.equal(out.score, _expected(local, nodes, edges))
+
+
+@needs_triton
+def test_close_unregisters_and_removes_shared_memory(server: Served) -> None:
+    import tritonclient.grpc
+
+    nodes, edges = _event(40, 80, 6)
+    out = EdgeScores.allocate(80, zero=True)
+    remote = EdgeClassifier.remote(server.url, shared_memory=True, access_token=server.token)
+    remote(nodes, edges, out=out)
+    remote(nodes, edges, out=out)  # the same region again
+    prefix = remote._pool.prefix
+    assert len(list(Path("/dev/shm").glob(f"{prefix}*"))) == 1
+    remote.close()
+    assert not list(Path("/dev/shm").glob(f"{prefix}*"))
+    client = tritonclient.grpc.InferenceServerClient(server.url)
+    headers = {"triton-grpc-protocol-triton-access-token": server.token}
+    status = client.get_system_shared_memory_status(headers=headers, as_json=True)
+    assert not [name for name in status.get("regions", {}) if name.startswith(prefix)]
+    client.close()
+    with pytest.raises(RemoteConfigurationError, match="closed"):
+        remote(nodes, edges, out=out)
+
+
+@needs_triton
+def test_close_waits_for_the_calls_in_flight(server: Served, local: EdgeClassifier) -> None:
+    # A large event takes the server a few hundred ms: close() comes while it is in flight and
+    # returns after it, whose result is whole; before, close() tore its region down under it.
+    nodes, edges = _event(100_000, 1_000_000, 9)
+    expected = EdgeScores.allocate(1_000_000, zero=True)
+    local(nodes, edges, out=expected)
+    out = EdgeScores.allocate(1_000_000, zero=True)
+    remote = EdgeClassifier.remote(
+        server.url, shared_memory=True, access_token=server.token, timeout=60
+    )
+    finished: list[float] = []
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            remote(nodes, edges, out=out)
+        except BaseException as error:  # reported below
+            failures.append(error)
+        finished.append(time.monotonic())
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while remote.stats.attempts == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the request is on its way
+    assert remote.stats.attempts == 1 and not finished
+    remote.close()
+    closed = time.monotonic()
+    worker.join()
+    assert not failures, failures
+    assert finished[0] <= closed
+    assert torch.equal(out.score, expected.score)
+    assert not list(Path("/dev/shm").glob(f"{remote._pool.prefix}*"))
+    with pytest.raises(RemoteConfigurationError, match="closed"):
+        remote(nodes, edges, out=out)
+
+
+@needs_triton
+def test_unreachable_server_raises_or_falls_back(local: EdgeClassifier) -> None:
+    (port,) = free_ports(1)
+    url = f"127.0.0.1:{port}"
+    nodes, edges = _event(30, 60, 8)
+    out = EdgeScores.allocate(60, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    with EdgeClassifier.remote(url, timeout=2, retries=2) as remote:
+        with pytest.raises(RemoteUnavailableError, match=url) as caught:
+            remote(nodes, edges, out=out)
+        assert isinstance(caught.value, ConnectionError) and "3 attempts" in str(caught.value)
+        assert remote.stats.retries == 2
+    assert bytes(out.buffer.numpy()) == before
+    with EdgeClassifier.remote(url, retries=0, fallback=build_model()) as remote:
+        remote(nodes, edges, out=out)
+        assert (remote.stats.fallbacks, remote.stats.writes) == (1, 0)
+    assert torch.equal(out.score, _expected(local, nodes, edges))
+
+
+def _tritonserver_of(process: subprocess.Popen[str]) -> int:
+    """The pid of the tritonserver that a `soagen serve` process started."""
+    for task in Path(f"/proc/{process.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().strip() == "tritonserver":
+                return int(child)
+    raise AssertionError("soagen serve runs no tritonserver")
+
+
+def _processes_of(served: Served) -> list[int]:
+    """Processes still running a program from the server's workspace (its backend stubs)."""
+    marker = served.workspace.encode() + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(marker):
+                found.append(int(entry.name))
+    return found
+
+
+@needs_triton
+def test_server_killed_mid_run_loses_no_event_and_writes_none_twice(
+    tmp_path: Path, local: EdgeClassifier
+) -> None:
+    served = _start_server(tmp_path)
+    events = [_event(20 + k % 7, 50 + k, 1000 + k) for k in range(40)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    for out in outs:
+        out.score.fill_(-1.0)
+    remote = EdgeClassifier.remote(
+        served.url, access_token=served.token, timeout=5, retries=1, fallback=local
+    )
+    outcomes: list[int] = []  # writes + fallbacks that each call added: exactly 1 each
+    killed = threading.Event()
+
+    def run() -> None:
+        for k, ((nodes, edges), out) in enumerate(zip(events, outs, strict=True)):
+            if k == 30:
+                killed.wait(60)  # the last events come after the kill, whatever the timing
+            done = remote.stats.writes + remote.stats.fallbacks
+            remote(nodes, edges, out=out)
+            outcomes.append(remote.stats.writes + remote.stats.fallbacks - done)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    while len(outcomes) < 10 and worker.is_alive():
+        time.sleep(0.001)
+    # tritonserver dies while calls stream (one is likely in flight); soagen serve sees it go.
+    os.kill(_tritonserver_of(served.process), signal.SIGKILL)
+    killed.set()
+    worker.join(120)
+    assert not worker.is_alive()
+    assert served.process.wait(30) == 1
+    _forget_model_folders_of(served)
+    assert not _processes_of(served), "the Python backend's stubs outlived their server"
+    assert outcomes == [1] * len(events)
+    stats = remote.stats
+    assert stats.writes >= 10 and stats.fallbacks >= 1
+    assert stats.writes + stats.fallbacks == len(events)
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    # Without a fallback: a clear error naming the server, and the output as it was.
+    nodes, edges = events[0]
+    untouched = EdgeScores.allocate(edges.size, zero=True)
+    untouched.score.fill_(-1.0)
+    before = bytes(untouched.buffer.numpy())
+    with EdgeClassifier.remote(served.url, timeout=5, retries=1) as bare:
+        with pytest.raises(RemoteUnavailableError, match=served.url):
+            bare(nodes, edges, out=untouched)
+    assert bytes(untouched.buffer.numpy()) == before
+    remote.close()
+
+
+@needs_triton
+def test_a_model_the_server_does_not_serve_is_a_configuration_error(server: Served) -> None:
+    nodes, edges = _event(5, 10, 9)
+    with EdgeClassifier.remote(server.url, model_name="Other") as remote:
+        with pytest.raises(RemoteConfigurationError, match="does not serve 'Other'"):
+            remote(nodes, edges, out=EdgeScores.allocate(10))
+
+
+def test_events_of_inputs_declared_same_n_must_agree(tmp_path: Path) -> None:
+    """A Triton client sends each input as its own tensor: the server's loader checks `same n as`
+    as a local call does, before anything runs (an eager model could broadcast a mask of one)."""
+    from soagen.serving.events import EventError, EventInput, EventLoader
+    from soagen.serving.wire import declared_order, wire_tensors
+    from tests.helpers import REPO, generate_package, import_generated
+
+    generate_package(REPO / "tests" / "peer" / "peer.soa", tmp_path, "pkg_events_same_n")
+    module = import_generated(tmp_path, "pkg_events_same_n", "peer")
+    specs = module.MaskedNet.INPUTS
+    wires = wire_tensors(specs)
+    loader = EventLoader(
+        [EventInput(w.name, s, declared_order(w).dims) for s, w in zip(specs, wires, strict=True)],
+        {"Particle": module.Particle, "Mask": module.Mask},
+    )
+    particles, mask = torch.rand(100, 3), torch.zeros(100, 3, dtype=torch.uint8)
+    assert loader.event({"particles": particles, "mask": mask}).sizes == {
+        "Particle": 100,
+        "Mask": 100,
+    }
+    with pytest.raises(EventError, match=r"input 'mask' holds 1 elements and 'particles' 100"):
+        loader.event({"particles": particles, "mask": mask[:1]})
