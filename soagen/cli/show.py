@@ -43,8 +43,8 @@ def layout_report(schema: Schema, n: int) -> dict[str, object]:
     for schema_file in schema.files:
         for model in schema_file.models:
             for binding in model.bindings:
-                layout = schema.layouts[binding.layout_name]
-                shape, strides, offset = block_view(layout, binding).evaluate(n, layout.align)
+                layout = binding.layout
+                shape, strides, offset = block_view(binding).evaluate(n, layout.align)
                 blocks_by_layout.setdefault(layout.name, []).append(
                     {
                         "model": model.name,
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, output: Output) -> int:
     if args.ir:
         from soagen.dsl.pretty import pretty
 
-        texts = {f.path: pretty(f, schema.layouts) for f in schema.files}
+        texts = {f.path: pretty(f) for f in schema.files}
         if output.format == "json":
             print(json.dumps(texts, indent=2))
         else:

@@ -7,7 +7,8 @@ after a block name fitting inputs). The loader adds the import checks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
 
 from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.dtypes import DTYPE_SPELLINGS, DTYPES, INTEGER_DTYPES
@@ -20,8 +21,9 @@ from soagen.dsl.ir import (
     MemberKind,
     Model,
     SchemaFile,
+    block_axes,
+    default_axes,
 )
-from soagen.dsl.layout import block_axes, default_axes
 from soagen.dsl.names import COLLECTION_ATTRIBUTES, is_python_keyword
 
 # Builtins the generated module calls or names in annotations, and the `annotations` that its
@@ -601,6 +603,22 @@ def _axes_text(binding: Binding, layouts: dict[str, Layout]) -> tuple[str, ...] 
     if first is not None:
         return block_axes(binding, first)
     return None if binding.axes is None else tuple(axis.text for axis in binding.axes)
+
+
+def resolve_file(schema_file: SchemaFile, visible_layouts: Mapping[str, Layout]) -> SchemaFile:
+    """A valid file (`check_file` found nothing) with every binding resolved: the layout its block
+    lies in and its members, looked up here once for every later stage."""
+    models = []
+    for model in schema_file.models:
+        bindings = []
+        for binding in model.bindings:
+            layout = visible_layouts[binding.layout_name]
+            members = tuple(layout.members[layout.index(name)] for name in binding.member_names)
+            bindings.append(
+                dataclasses.replace(binding, resolved_layout=layout, resolved_members=members)
+            )
+        models.append(dataclasses.replace(model, bindings=tuple(bindings)))
+    return dataclasses.replace(schema_file, models=tuple(models))
 
 
 def check_file(schema_file: SchemaFile, visible_layouts: dict[str, Layout]) -> list[Diagnostic]:

@@ -1,13 +1,19 @@
-"""The schema IR: frozen dataclasses, built by the parser, checked by the passes, read by the generator.
+"""The schema IR: frozen dataclasses, built by the parser, checked and resolved by the passes, read
+by the generator and the tools.
 
-Nothing here computes byte layouts: that is `soagen.dsl.layout`, pure functions over these classes.
+The parser's bindings name their layout and members; `soagen.dsl.check.resolve_file` hands each
+binding of a valid file its `Layout` and `Member`s, so stages after the checker never look a name up
+again (`Binding.layout`, `Binding.members`, `Binding.axis_names`). Nothing here computes byte
+layouts: that is `soagen.dsl.layout`, pure functions over these classes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 
 from soagen.dsl.diagnostics import Span
 from soagen.dsl.dtypes import DTYPES, DType
@@ -31,6 +37,11 @@ class AxisKind(str, Enum):
     COLUMNS = "c"  # one entry per member of the block
     ARRAY = "array"  # one extent of an array column, written as its size
     UNKNOWN = "unknown"  # any other word: reported by the checker
+
+
+class UnresolvedBindingError(RuntimeError):
+    """A stage read a binding's layout or members before the checker resolved them: a bug in
+    soagen, never a schema error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +137,32 @@ class Binding:
     # `whole`: where the clause stands; None without it. A whole input is passed entire to every
     # slice of a `batch_size` call.
     whole_span: Span | None = None
+    # Set by the checker once the file is valid: the layout the block lies in and its members in
+    # block order. Derived from the names above, so left out of equality.
+    resolved_layout: Layout | None = field(default=None, compare=False, repr=False)
+    resolved_members: tuple[Member, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def layout(self) -> Layout:
+        if self.resolved_layout is None:
+            raise UnresolvedBindingError(f"binding `{self.name}` was read before it was resolved")
+        return self.resolved_layout
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        if not self.resolved_members:
+            raise UnresolvedBindingError(f"binding `{self.name}` was read before it was resolved")
+        return self.resolved_members
+
+    @property
+    def first_member(self) -> Member:
+        """The block's first member: all of them share its kind, dtype and shape."""
+        return self.members[0]
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The block's axes as written, or the default order where `as [...]` is left out."""
+        return block_axes(self, self.first_member)
 
     @property
     def contiguous(self) -> bool:
@@ -147,6 +184,19 @@ class Binding:
             + (" whole" if self.whole else "")
             + (" contiguous" if self.contiguous else "")
         )
+
+
+def default_axes(member_count: int, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """The order used where a binding has no `as [...]`: n, then c (several members), then array extents."""
+    columns = ("c",) if member_count > 1 else ()
+    return ("n", *columns, *(str(extent) for extent in shape))
+
+
+def block_axes(binding: Binding, member: Member) -> tuple[str, ...]:
+    """A binding's axis names given its first member (the checker's view, before resolution)."""
+    if binding.axes is not None:
+        return tuple(axis.text for axis in binding.axes)
+    return default_axes(len(binding.member_names), member.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +244,15 @@ class Schema:
     files: tuple[SchemaFile, ...]  # dependencies first, root last
     # Resolved path of each import target, keyed by (importing file, target as written).
     import_paths: tuple[tuple[str, str, str], ...]
+    # Every layout and model of every file by name, built once (read-only views).
+    layouts: Mapping[str, Layout] = field(init=False, compare=False, repr=False)
+    models: Mapping[str, Model] = field(init=False, compare=False, repr=False)
 
-    @property
-    def layouts(self) -> dict[str, Layout]:
-        return {layout.name: layout for f in self.files for layout in f.layouts}
-
-    @property
-    def models(self) -> dict[str, Model]:
-        return {model.name: model for f in self.files for model in f.models}
+    def __post_init__(self) -> None:
+        layouts = {layout.name: layout for f in self.files for layout in f.layouts}
+        models = {model.name: model for f in self.files for model in f.models}
+        object.__setattr__(self, "layouts", MappingProxyType(layouts))
+        object.__setattr__(self, "models", MappingProxyType(models))
 
     def unknown_model(self, name: str, shown_path: str) -> str:
         """The error text for a `--model` this schema does not declare."""

@@ -151,22 +151,9 @@ def member_view(layout: Layout, member: Member) -> ViewForm:
     )
 
 
-def default_axes(member_count: int, shape: tuple[int, ...]) -> tuple[str, ...]:
-    """The order used where a binding has no `as [...]`: n, then c (several members), then array extents."""
-    columns = ("c",) if member_count > 1 else ()
-    return ("n", *columns, *(str(extent) for extent in shape))
-
-
-def block_axes(binding: Binding, member: Member) -> tuple[str, ...]:
-    if binding.axes is not None:
-        return tuple(axis.text for axis in binding.axes)
-    return default_axes(len(binding.member_names), member.shape)
-
-
-def block_view(layout: Layout, binding: Binding) -> ViewForm:
-    """The one strided view of a checked block: members adjacent, in order, of one dtype and shape."""
-    first = layout.member(binding.member_names[0])
-    assert first is not None, "block_view expects a checked binding"
+def block_view(binding: Binding) -> ViewForm:
+    """The one strided view of a resolved block: members adjacent, in order, of one dtype and shape."""
+    layout, first = binding.layout, binding.first_member
     is_scalar = first.kind is MemberKind.SCALAR
     element = Stride(first.itemsize, 0, 0 if is_scalar else 1)
     if is_scalar:
@@ -179,7 +166,7 @@ def block_view(layout: Layout, binding: Binding) -> ViewForm:
     array_extents = iter(first.shape)
     shape: list[int | None] = []
     strides: list[Stride] = []
-    for axis in block_axes(binding, first):
+    for axis in binding.axis_names:
         if axis == AxisKind.ELEMENTS.value:
             shape.append(None)
             strides.append(element)

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from soagen.dsl.check import check_file
+from soagen.dsl.check import check_file, resolve_file
 from soagen.dsl.diagnostics import Diagnostic, SchemaError, Span
 from soagen.dsl.ir import Import, Layout, Model, Schema, SchemaFile
 from soagen.dsl.parser import parse
@@ -224,11 +224,12 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
                     )
                 )
             owners.setdefault(declaration.name, (schema_file, declaration.span))
+    visible_by_file: dict[Path, dict[str, Layout]] = {}
     for file_path in loader.order:
         checked = loader.files[file_path]
         if checked is None:
             continue
-        visible: dict[str, Layout] = {}
+        visible = visible_by_file[file_path] = {}
         closure = _closure(file_path, loader.dependencies)
         for dependency in closure:
             dependency_file = loader.files.get(dependency)
@@ -239,10 +240,14 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
         if broken.intersection(closure):
             problems = [d for d in problems if d.code != "SOA102"]
         diagnostics += problems
-    root_file = loader.files.get(root)
-    if diagnostics or root_file is None:
+    if diagnostics or loader.files.get(root) is None:
         return LoadResult(None, _sorted(diagnostics), loader.sources)
-    schema = Schema(root_file, tuple(parsed), tuple(loader.import_paths))
+    resolved: dict[Path, SchemaFile] = {}
+    for file_path in loader.order:
+        parsed_file = loader.files[file_path]
+        if parsed_file is not None:
+            resolved[file_path] = resolve_file(parsed_file, visible_by_file[file_path])
+    schema = Schema(resolved[root], tuple(resolved.values()), tuple(loader.import_paths))
     return LoadResult(schema, [], loader.sources)
 
 

@@ -11,7 +11,6 @@ from soagen.dsl.layout import (
     Linear,
     Stride,
     ViewForm,
-    block_axes,
     block_view,
     byte_size,
     member_offsets,
@@ -67,36 +66,34 @@ def _layout(layout: Layout) -> list[str]:
     return lines
 
 
-def _binding(binding: Binding, layouts: dict[str, Layout]) -> list[str]:
-    layout = layouts[binding.layout_name]
-    first = layout.member(binding.member_names[0])
-    assert first is not None
-    axes = ", ".join(block_axes(binding, first))
+def _binding(binding: Binding) -> list[str]:
+    layout = binding.layout
+    axes = ", ".join(binding.axis_names)
     members = ", ".join(binding.member_names)
     lines = _doc(binding.doc, INDENT)
     lines.append(
         f"{INDENT}{binding.direction.value} {binding.name} = {layout.name}{{{members}}} as [{axes}]"
-        f"{binding.trailing_clauses}  // {view_text(block_view(layout, binding))}"
+        f"{binding.trailing_clauses}  // {view_text(block_view(binding))}"
     )
     return lines
 
 
-def _model(model: Model, layouts: dict[str, Layout]) -> list[str]:
+def _model(model: Model) -> list[str]:
     lines = _doc(model.doc, "")
     lines.append(f"model {model.name} {{")
     for binding in model.bindings:
-        lines += _binding(binding, layouts)
+        lines += _binding(binding)
     lines.append("}")
     return lines
 
 
-def pretty(schema_file: SchemaFile, layouts: dict[str, Layout]) -> str:
-    """A checked file as canonical text; `layouts` holds every layout its models may name."""
+def pretty(schema_file: SchemaFile) -> str:
+    """A checked, resolved file as canonical text."""
     chunks: list[list[str]] = []
     if schema_file.doc:
         chunks.append([f"//!{' ' + line if line else ''}" for line in schema_file.doc.split("\n")])
     if schema_file.imports:
         chunks.append([f'import "{item.target}"' for item in schema_file.imports])
     chunks += [_layout(layout) for layout in schema_file.layouts]
-    chunks += [_model(model, layouts) for model in schema_file.models]
+    chunks += [_model(model) for model in schema_file.models]
     return "\n\n".join("\n".join(chunk) for chunk in chunks) + "\n"

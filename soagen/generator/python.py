@@ -18,7 +18,6 @@ from soagen.dsl.layout import (
     Linear,
     Stride,
     ViewForm,
-    block_axes,
     block_view,
     byte_size,
     layout_key,
@@ -202,17 +201,16 @@ def _layout_doc(layout: Layout) -> str:
     )
 
 
-def _block_spec(binding: Binding, layout: Layout, view: str) -> Call:
-    first = layout.member(binding.member_names[0])
-    assert first is not None
+def _block_spec(binding: Binding, view: str) -> Call:
+    layout = binding.layout
     return Call(
         f"{RUNTIME}.BlockSpec",
         (
             string_literal(binding.name),
             string_literal(layout.name),
             tuple_literal([string_literal(name) for name in binding.member_names]),
-            string_literal(first.dtype_name),
-            tuple_literal([string_literal(axis) for axis in block_axes(binding, first)]),
+            string_literal(binding.first_member.dtype_name),
+            tuple_literal([string_literal(axis) for axis in binding.axis_names]),
             view,
             string_literal(layout_key(layout)),
         ),
@@ -263,10 +261,10 @@ def _layout_model(layout: Layout, schema_file: SchemaFile) -> LayoutModel:
                 function_name,
                 f"Geometry of block `{binding.name}` for n elements.",
                 align,
-                block_view(layout, binding),
+                block_view(binding),
             )
         )
-        spec = _block_spec(binding, layout, function_name)
+        spec = _block_spec(binding, function_name)
         blocks.append(
             render(spec, INDENT * 2, prefix=f"{string_literal(binding.name)}: ", suffix=",")
         )
@@ -337,7 +335,7 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
     specs: dict[str, list[str]] = {"input": [], "output": []}
     local_layouts = {layout.name for layout in schema_file.layouts}
     for binding in model.bindings:
-        layout = schema.layouts[binding.layout_name]
+        layout = binding.layout
         if binding.layout_name in local_layouts:
             block: Expression = Subscript(
                 f"{binding.layout_name}.BLOCKS", (string_literal(binding.name),)
@@ -350,10 +348,10 @@ def _model_model(model: Model, schema: Schema, schema_file: SchemaFile) -> Model
                     function_name,
                     f"Geometry of block `{binding.name}` of {layout.name} for n elements.",
                     layout.align,
-                    block_view(layout, binding),
+                    block_view(binding),
                 )
             )
-            block = _block_spec(binding, layout, function_name)
+            block = _block_spec(binding, function_name)
         indexes = () if binding.indexes is None else (f"indexes={string_literal(binding.indexes)}",)
         same_n_as = (
             () if binding.same_n_as is None else (f"same_n_as={string_literal(binding.same_n_as)}",)
@@ -448,9 +446,7 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
     ]
     bound = []
     for b in model.bindings:
-        first = schema.layouts[b.layout_name].member(b.member_names[0])
-        assert first is not None  # the checker guarantees every member exists
-        axes = ", ".join(block_axes(b, first))
+        axes = ", ".join(b.axis_names)
         members = ", ".join(b.member_names)
         bound.append(
             f"{b.direction.value} {b.name}: {b.layout_name}{{{members}}} as [{axes}]"

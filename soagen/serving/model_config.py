@@ -38,8 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import soagen
 from soagen.build.errors import CommandError
-from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema
-from soagen.dsl.layout import block_axes
+from soagen.dsl.ir import Binding, MemberKind, Model, Schema
 from soagen.generator.pyformat import comment_text
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -320,17 +319,14 @@ def find_model(schema: Schema, name: str, schema_path: str) -> Model:
     return models[name]
 
 
-def is_scalar_block(layout: Layout, binding: Binding) -> bool:
-    first = layout.member(binding.member_names[0])
-    return first is not None and first.kind is MemberKind.SCALAR
+def is_scalar_block(binding: Binding) -> bool:
+    return binding.first_member.kind is MemberKind.SCALAR
 
 
-def block_text(binding: Binding, layout: Layout) -> str:
-    first = layout.member(binding.member_names[0])
-    axes = block_axes(binding, first) if first is not None else ()
+def block_text(binding: Binding) -> str:
     members = ", ".join(binding.member_names)
-    dtype = first.dtype_name if first is not None else "?"
-    return f"{binding.layout_name}{{{members}}} as [{', '.join(axes)}], {dtype}"
+    axes = ", ".join(binding.axis_names)
+    return f"{binding.layout_name}{{{members}}} as [{axes}], {binding.first_member.dtype_name}"
 
 
 def tensor_names(model: Model, options: Options) -> dict[str, str]:
@@ -404,10 +400,9 @@ def build_config(
             f"event per execution)",
             usage=True,
         )
-    layouts = schema.layouts
     if options.merge_events:
         for binding in model.inputs:
-            if is_scalar_block(layouts[binding.layout_name], binding):
+            if is_scalar_block(binding):
                 raise TritonError(
                     f"--merge-events: input {binding.name!r} binds scalars of "
                     f"{binding.layout_name}, one value per event, which one merged collection "
@@ -415,9 +410,7 @@ def build_config(
                     usage=True,
                 )
     if python:
-        counted = {
-            b.layout_name for b in model.inputs if not is_scalar_block(layouts[b.layout_name], b)
-        }
+        counted = {b.layout_name for b in model.inputs if not is_scalar_block(b)}
         for binding in model.inputs:
             if binding.layout_name not in counted:
                 raise TritonError(
@@ -430,11 +423,10 @@ def build_config(
     batched = max_batch_size > 0
 
     def tensor(binding: Binding, role: str) -> TensorConfig:
-        layout = layouts[binding.layout_name]
-        wire = tensor_wire(binding, layout, role, python)
-        scalar = is_scalar_block(layout, binding) and role == "input" and python
+        wire = tensor_wire(binding, role, python)
+        scalar = is_scalar_block(binding) and role == "input" and python
         variable = () if scalar else tuple(i for i, size in enumerate(wire.dims) if size == -1)
-        comment = f"{binding.name}: {block_text(binding, layout)}"
+        comment = f"{binding.name}: {block_text(binding)}"
         if wire.order != tuple(range(len(wire.order))):
             comment += f"; sent as [{', '.join(wire.axes[axis] for axis in wire.order)}]"
         if scalar:
@@ -472,14 +464,14 @@ def max_batch_size_of(options: Options) -> int:
     return DEFAULT_MAX_BATCH_SIZE if options.backend == "python" else 0
 
 
-def tensor_wire(binding: Binding, layout: Layout, role: str, python: bool) -> WireTensor:
+def tensor_wire(binding: Binding, role: str, python: bool) -> WireTensor:
     """How a binding's tensor travels: the wire form (Python backend), or its declared axes without
     a batch axis (PyTorch backend). The Python backend writes a scalar input's one value into the
     collection, where the model sees it broadcast over n: its tensor has 1 on the element axis."""
-    wire = schema_wire_tensor(binding, layout, role)
+    wire = schema_wire_tensor(binding, role)
     if not python:
         return replace(declared_order(wire), batched=False)
-    if role == "input" and is_scalar_block(layout, binding):
+    if role == "input" and is_scalar_block(binding):
         return wire.one_value()
     return wire
 

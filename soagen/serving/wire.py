@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from soagen.dsl.dtypes import DTYPES
-from soagen.dsl.ir import Binding, Layout
-from soagen.dsl.layout import block_axes, block_view
+from soagen.dsl.ir import Binding
+from soagen.dsl.layout import block_view
 from soagen.runtime.spec import BindingSpec
 
 # Triton's name for each dtype of the .soa language.
@@ -154,15 +154,13 @@ def wire_tensor(spec: BindingSpec) -> WireTensor:
     )
 
 
-def schema_wire_tensor(binding: Binding, layout: Layout, direction: str) -> WireTensor:
+def schema_wire_tensor(binding: Binding, direction: str) -> WireTensor:
     """The wire form of a binding of a checked schema, as `wire_tensor` gives it for the generated
     binding (no generated code needed: `soagen triton` writes its configuration from this)."""
-    first = layout.member(binding.member_names[0])
-    assert first is not None, "schema_wire_tensor expects a checked binding"
-    shape, strides, _ = block_view(layout, binding).evaluate(_PROBE_ELEMENTS, layout.align)
-    axes = block_axes(binding, first)
+    layout, first = binding.layout, binding.first_member
+    shape, strides, _ = block_view(binding).evaluate(_PROBE_ELEMENTS, layout.align)
     return _wire_tensor(
-        binding.name, direction, layout.name, first.dtype_name, axes, shape, strides
+        binding.name, direction, layout.name, first.dtype_name, binding.axis_names, shape, strides
     )
 
 

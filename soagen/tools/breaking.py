@@ -23,7 +23,7 @@ from pathlib import Path
 
 from soagen.dsl.diagnostics import Diagnostic, Span
 from soagen.dsl.ir import Binding, Layout, Member, Model, Schema
-from soagen.dsl.layout import Linear, block_axes, byte_size, member_offsets
+from soagen.dsl.layout import Linear, byte_size, member_offsets
 from soagen.dsl.loader import load
 
 SOURCE, MEMORY = "source", "memory"
@@ -299,15 +299,9 @@ class _Comparer:
                     new_model.span,
                     f"`from ...{old_module} import {name}` stops working",
                 )
-            self.model(old_model, new_model, old.layouts, new.layouts)
+            self.model(old_model, new_model)
 
-    def model(
-        self,
-        old: Model,
-        new: Model,
-        old_layouts: dict[str, tuple[Layout, str]],
-        new_layouts: dict[str, tuple[Layout, str]],
-    ) -> None:
+    def model(self, old: Model, new: Model) -> None:
         old_bindings = {b.name: b for b in old.bindings}
         new_bindings = {b.name: b for b in new.bindings}
         for binding in old.bindings:
@@ -338,16 +332,9 @@ class _Comparer:
                 )
                 break
         for name in kept_new:
-            self.binding(new.name, old_bindings[name], new_bindings[name], old_layouts, new_layouts)
+            self.binding(new.name, old_bindings[name], new_bindings[name])
 
-    def binding(
-        self,
-        model: str,
-        old: Binding,
-        new: Binding,
-        old_layouts: dict[str, tuple[Layout, str]],
-        new_layouts: dict[str, tuple[Layout, str]],
-    ) -> None:
+    def binding(self, model: str, old: Binding, new: Binding) -> None:
         where = f"`{model}.{new.name}`"
         if old.direction is not new.direction:
             self.report(
@@ -364,8 +351,8 @@ class _Comparer:
                 new.layout_span,
             )
             return
-        old_axes = _axes(old, old_layouts)
-        new_axes = _axes(new, new_layouts)
+        old_axes = old.axis_names
+        new_axes = new.axis_names
         if old_axes != new_axes:
             self.report(
                 "BINDING_AXES_CHANGED",
@@ -402,13 +389,6 @@ class _Comparer:
 
 def _shared_n(binding: Binding) -> str:
     return "no other input's n" if binding.same_n_as is None else f"the n of `{binding.same_n_as}`"
-
-
-def _axes(binding: Binding, layouts: dict[str, tuple[Layout, str]]) -> tuple[str, ...]:
-    layout = layouts[binding.layout_name][0]
-    first = layout.member(binding.member_names[0])
-    assert first is not None, "a checked binding names members of its layout"
-    return block_axes(binding, first)
 
 
 def _working_tree_schemas(top: Path) -> list[str]:

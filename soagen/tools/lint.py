@@ -119,9 +119,7 @@ def _check_binding_names(context: FileContext, rule: Rule) -> Iterator[Diagnosti
 
 
 def _holds_integers(context: FileContext, binding: Binding) -> bool:
-    layout = context.layouts.get(binding.layout_name)
-    member = layout.member(binding.member_names[0]) if layout is not None else None
-    return member is not None and member.dtype_name in INTEGER_DTYPES
+    return binding.first_member.dtype_name in INTEGER_DTYPES
 
 
 def _check_index_inputs(context: FileContext, rule: Rule) -> Iterator[Diagnostic]:
@@ -544,7 +542,7 @@ def lint(
     report = LintReport()
     used = _layouts_bound_beside(paths)
     selections: dict[Path | None, Selection] = {}
-    checked: list[tuple[Path, SchemaFile, dict[str, Layout]]] = []
+    checked: list[tuple[Path, SchemaFile, Mapping[str, Layout]]] = []
     seen_files: set[str] = set()
     for path in paths:
         result = load(path)

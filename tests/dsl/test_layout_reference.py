@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from soagen.dsl.check import check_file
+from soagen.dsl.check import check_file, resolve_file
 from soagen.dsl.ir import Binding, Layout, SchemaFile
 from soagen.dsl.layout import block_view, byte_size, member_offsets, member_view
 from soagen.dsl.parser import parse
@@ -162,6 +162,7 @@ def parsed(
     layouts = {layout.name: layout for layout in schema_file.layouts}
     problems = check_file(schema_file, layouts)
     assert not problems, (text, problems)
+    schema_file = resolve_file(schema_file, layouts)
     bindings = list(schema_file.models[0].inputs) if schema_file.models else []
     return layouts["L"], bindings
 
@@ -218,7 +219,7 @@ def assert_layout_matches(
                 assert ref.address(member.name, n - 1, last) + size <= ref.total
         for binding, (names, axes) in zip(bindings, blocks, strict=True):
             first = ref.members[names[0]]
-            form = block_view(layout, binding)
+            form = block_view(binding)
             shape, strides, offset = form.evaluate(n, align)
             extents = iter(first.shape)
             expected_shape = tuple(
@@ -375,18 +376,18 @@ def test_default_axes_are_n_c_then_extents() -> None:
         "layout Out {\n    column float32 out\n}\n"
         "model M {\n    input both = L{p, q}\n    input one = L{p}\n    output out = Out{out}\n}\n"
     )
-    schema_file, problems = parse(text, "defaults.soa")
-    assert schema_file is not None and not problems
-    layout = schema_file.layouts[0]
+    parsed_file, problems = parse(text, "defaults.soa")
+    assert parsed_file is not None and not problems
+    schema_file = resolve_file(parsed_file, {item.name: item for item in parsed_file.layouts})
     both, one = schema_file.models[0].inputs
     n = 19
     stride = ceil_to(n * 8, 64) // 8
-    assert block_view(layout, both).evaluate(n, 64) == (
+    assert block_view(both).evaluate(n, 64) == (
         (n, 2, 2, 5),
         (1, 10 * stride, stride, 2 * stride),
         0,
     )
-    assert block_view(layout, one).evaluate(n, 64) == ((n, 2, 5), (1, stride, 2 * stride), 0)
+    assert block_view(one).evaluate(n, 64) == ((n, 2, 5), (1, stride, 2 * stride), 0)
 
 
 def test_scalars_broadcast_over_elements() -> None:
@@ -399,8 +400,8 @@ def test_scalars_broadcast_over_elements() -> None:
     layout, (both, alone) = parsed(members, 64, [(["s1", "s2", "s3"], ["c", "n"]), (["s2"], ["n"])])
     n = 10
     # x takes 64 bytes; each scalar 64 bytes = 8 float64 apart; stride 0 along n.
-    assert block_view(layout, both).evaluate(n, 64) == ((3, n), (8, 0), 64)
-    assert block_view(layout, alone).evaluate(n, 64) == ((n,), (0,), 128)
+    assert block_view(both).evaluate(n, 64) == ((3, n), (8, 0), 64)
+    assert block_view(alone).evaluate(n, 64) == ((n,), (0,), 128)
 
 
 # --- random layouts ---------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ def _without_places(value: object) -> object:
 @pytest.mark.parametrize("schema_path", SCHEMAS, ids=lambda p: p.name)
 def test_pretty_text_parses_back_to_the_same_layouts(schema_path: Path) -> None:
     schema = load(schema_path).unwrap()
-    text = pretty(schema.root, schema.layouts)
+    text = pretty(schema.root)
     reparsed, problems = parse(text, "pretty.soa")
     assert not problems and reparsed is not None, problems
     assert _without_places(reparsed.layouts) == _without_places(
@@ -56,7 +56,7 @@ def test_pretty_text_parses_back_to_the_same_layouts(schema_path: Path) -> None:
 
 def test_pretty_shows_symbolic_offsets() -> None:
     schema = load(REPO / "schemas" / "gnn.soa").unwrap()
-    text = pretty(schema.root, schema.layouts)
+    text = pretty(schema.root)
     assert "layout Nodes {  // 14 * pitch_4 + 128 bytes" in text
     assert "scalar float32 bfield  // at 14 * pitch_4" in text
     assert (
@@ -68,7 +68,7 @@ def test_pretty_shows_symbolic_offsets() -> None:
 @pytest.mark.parametrize("schema_path", SCHEMAS, ids=lambda p: p.name)
 def test_pretty_text_keeps_the_binding_clauses(schema_path: Path) -> None:
     schema = load(schema_path).unwrap()
-    reparsed, problems = parse(pretty(schema.root, schema.layouts), "pretty.soa")
+    reparsed, problems = parse(pretty(schema.root), "pretty.soa")
     assert not problems and reparsed is not None, problems
 
     def clauses(models: tuple[Model, ...]) -> list[tuple[str, str | None, str | None, bool, bool]]:
@@ -83,7 +83,7 @@ def test_pretty_text_keeps_the_binding_clauses(schema_path: Path) -> None:
 
 def test_pretty_writes_the_clauses_in_canonical_order() -> None:
     schema = load(REPO / "tests" / "golden" / "masked.soa").unwrap()
-    text = pretty(schema.root, schema.layouts)
+    text = pretty(schema.root)
     assert "input mask = Masks{mask} as [n] same n as features  // shape [n]" in text
     assert (
         "input node_features = Nodes{x, y, z, energy} as [n, c] whole contiguous  // shape" in text

@@ -98,7 +98,7 @@ def test_generated_metadata_matches_layout_math(tmp_path: Path) -> None:
         layout = schema.layouts[binding.layout_name]
         for n in (1, 33, 4096):
             got = spec.block.view(n)
-            assert (got.shape, got.strides, got.offset) == block_view(layout, binding).evaluate(
+            assert (got.shape, got.strides, got.offset) == block_view(binding).evaluate(
                 n, layout.align
             )
     # Scalars broadcast over n with stride 0.
