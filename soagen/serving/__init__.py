@@ -3,6 +3,8 @@
 - `soagen.serving.server`: `soagen serve` / `serve(...)`, a Triton server (PyTriton) running a
   generated binding on requests from many clients, with dynamic batching of whole events.
 - `soagen.serving.client`: what `Model.remote(url)` returns, a binding whose calls run on the server.
+- `soagen.serving.shared_memory`: the client's shared-memory regions (system and CUDA), their pool
+  and the copies into them.
 - `soagen.serving.wire`: how blocks travel (names, datatypes, storage order), shared by both.
 - `soagen.serving.events`: one event's tensors checked and loaded into fresh collections, shared
   by the server and the `model.py` of `soagen triton` repositories.

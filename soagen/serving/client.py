@@ -18,7 +18,7 @@ registered with the server (a `memcpy` per member column), and the server writes
 the same region: nothing else crosses the socket but the request's description. Without it, each
 host block is copied once into the request's bytes (NumPy's `tobytes`), which gRPC then serialises;
 a GPU block is first copied to host memory, so it is copied twice (`stats` counts both).
-Collections on a GPU use a CUDA shared-memory region on their GPU instead (`_CudaRegion`): each block
+Collections on a GPU use a CUDA shared-memory region on their GPU instead (`CudaRegion`): each block
 is copied there on the GPU, on the caller's current stream, which is synchronised before the request
 goes (the server reads the region on its own streams); the server writes the outputs there, and they
 are copied into the output collection on the GPU. That needs tritonclient's CUDA utilities
@@ -26,8 +26,9 @@ are copied into the output collection on the GPU. That needs tritonclient's CUDA
 missing, GPU blocks are copied to host memory in that same one copy. `stats.bytes_copied` counts
 what the client copies, `stats.bytes_to_host` what of it went from a GPU to host memory.
 
-Shared-memory regions are registered once and reused across calls: one per call in flight, grown
-when a call needs more, unregistered and removed by `close()` (or when the object is collected).
+Shared-memory regions (`soagen.serving.shared_memory`: the regions, their pool and the copies into
+them) are registered once and reused across calls: one per call in flight, grown when a call needs
+more, unregistered and removed by `close()` (or when the object is collected).
 PyTriton's server guards registration with its access token (`access_token=`, which `soagen serve`
 writes to `--token-file`); when registration is refused, or the server cannot open the region (it
 runs in another container, say), a client that asked for shared memory by default (`None`) sends
@@ -48,13 +49,10 @@ response, or from the local fallback.
 from __future__ import annotations
 
 import ipaddress
-import itertools
-import os
 import re
 import threading
 import time
 import typing
-import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -63,7 +61,6 @@ from dataclasses import dataclass, field, replace
 from soagen.dsl.layout import round_up
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
-from soagen.runtime.geometry import ITEMSIZE
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import (
     RemoteConfigurationError,
@@ -71,11 +68,18 @@ from soagen.serving.errors import (
     RemoteResponseError,
     RemoteUnavailableError,
 )
+from soagen.serving.shared_memory import (
+    ALIGN,
+    Region,
+    RegionPool,
+    Source,
+    block_nbytes,
+    cuda_shared_memory,
+    destroy_pool,
+)
 from soagen.serving.wire import ERROR_OUTPUT, WireTensor, declared_order, wire_tensors
 
 if typing.TYPE_CHECKING:
-    from multiprocessing.shared_memory import SharedMemory
-
     import torch
     from numpy.typing import NDArray
 
@@ -87,10 +91,7 @@ _M = typing.TypeVar("_M", bound=ModelBinding)
 # gRPC statuses worth another attempt: the server is down, restarting or too slow this time.
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 _ACCESS_HEADER = "triton-grpc-protocol-triton-access-token"
-_ALIGN = 64  # bytes: where each tensor starts in a shared-memory region
-_REGION_GRANULE = 1 << 20  # regions grow in whole MiB, so slowly growing events reuse them
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
-_region_numbers = itertools.count()
 # `package.module.SomeError: message`, as a traceback's last line gives an exception.
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
 
@@ -113,212 +114,6 @@ class RemoteStats:
         with self.lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
-
-
-class _Region:
-    """One system shared-memory region, registered with the server under `name`."""
-
-    device: torch.device | None = None  # where the region's memory is: None for host memory
-
-    def __init__(self, prefix: str, size: int) -> None:
-        from multiprocessing.shared_memory import SharedMemory
-
-        number = next(_region_numbers)
-        self.name = f"{prefix}_{number}"
-        self.size = size
-        self.memory: SharedMemory = SharedMemory(name=self.name, create=True, size=size)
-        self.key = f"/{self.memory.name.lstrip('/')}"
-        self.registered_in = -1  # the pool generation it was registered in
-
-    def register(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
-        client.register_system_shared_memory(
-            self.name, self.key, self.size, headers=headers, client_timeout=timeout
-        )
-
-    def unregister(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
-        client.unregister_system_shared_memory(self.name, headers=headers, client_timeout=timeout)
-
-    def write(self, offset: int, source: _Source, wire: WireTensor) -> None:
-        """The one copy of a block: into the region, in wire order."""
-        _copy_into(self.memory, offset, source, wire)
-
-    def settle(self) -> None:
-        """Wait for the copies queued into or out of the region (host copies are done when they
-        return)."""
-
-    def read(self, offset: int, shape: tuple[int, ...], wire: WireTensor) -> torch.Tensor:
-        """A tensor in wire order over the bytes the server wrote at `offset`."""
-        import numpy as np
-
-        from soagen.runtime.buffers import tensor_of
-
-        array: NDArray[typing.Any] = np.ndarray(
-            shape, dtype=np.dtype(wire.numpy_dtype), buffer=self.memory.buf, offset=offset
-        )
-        return tensor_of(array, wire.dtype)
-
-    def destroy(self) -> None:
-        try:
-            self.memory.close()
-        except BufferError:
-            pass  # a NumPy view still holds it: the mapping goes when that view does
-        try:
-            self.memory.unlink()
-        except FileNotFoundError:
-            pass
-
-
-class _CudaRegion(_Region):
-    """One CUDA shared-memory region: device memory of its own (`cudaMalloc`, through
-    tritonclient's CUDA utilities), which the server maps from its IPC handle. A block is copied
-    into it on the GPU, and the server writes the outputs there: nothing goes through host memory
-    on the client's side."""
-
-    def __init__(self, prefix: str, size: int, device: torch.device) -> None:
-        number = next(_region_numbers)
-        self.name = f"{prefix}_cuda_{number}"
-        self.size = size
-        self.device = device
-        self.registered_in = -1
-        self.utilities = _cuda_shared_memory()
-        assert self.utilities is not None, "only made where tritonclient's CUDA utilities load"
-        self.index = device.index if device.index is not None else 0
-        self.handle: typing.Any = self.utilities.create_shared_memory_region(
-            self.name, size, self.index
-        )
-
-    def register(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
-        client.register_cuda_shared_memory(
-            self.name,
-            self.utilities.get_raw_handle(self.handle),
-            self.index,
-            self.size,
-            headers=headers,
-            client_timeout=timeout,
-        )
-
-    def unregister(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
-        client.unregister_cuda_shared_memory(self.name, headers=headers, client_timeout=timeout)
-
-    def write(self, offset: int, source: _Source, wire: WireTensor) -> None:
-        import torch
-
-        from soagen.runtime.buffers import tensor_of
-
-        shape = tuple(int(size) for size in source.shape)
-        block = source if isinstance(source, torch.Tensor) else tensor_of(source, wire.dtype)
-        # Queued on the caller's current stream, after the work that made the block.
-        self.read(offset, shape, wire).copy_(block)
-
-    def settle(self) -> None:
-        # Queued on the caller's current stream; the server reads and writes the region on its own
-        # streams, and the pool hands it to the next call.
-        import torch
-
-        torch.cuda.current_stream(self.device).synchronize()
-
-    def read(self, offset: int, shape: tuple[int, ...], wire: WireTensor) -> torch.Tensor:
-        import torch
-
-        from soagen.runtime.buffers import typed_view
-
-        nbytes = _nbytes(shape, wire)
-        span = torch.as_tensor(
-            _DeviceBytes(int(self.handle._base_addr) + offset, nbytes), device=self.device
-        )
-        return typed_view(span, wire.dtype).view(shape)
-
-    def destroy(self) -> None:
-        handle, self.handle = self.handle, None
-        if handle is not None:
-            self.utilities.destroy_shared_memory_region(handle)  # cudaFree when `handle` goes
-
-
-class _DeviceBytes:
-    """`nbytes` bytes of device memory at `pointer`, for `torch.as_tensor` (no copy)."""
-
-    def __init__(self, pointer: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "strides": None,  # C-contiguous
-            "version": 2,
-        }
-
-
-def _cuda_shared_memory() -> typing.Any:
-    """tritonclient's CUDA shared-memory utilities, or None where they cannot load (they need
-    `cuda-python`: `pip install 'tritonclient[cuda]'`)."""
-    try:
-        import tritonclient.utils.cuda_shared_memory as utilities
-    except (ImportError, RuntimeError):
-        return None
-    return utilities
-
-
-class _RegionPool:
-    """Regions free for the next call; a call holds one region for its inputs and outputs."""
-
-    def __init__(self) -> None:
-        self.prefix = f"soagen_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        self.free: list[_Region] = []
-        self.all: list[_Region] = []
-        self.generation = 0  # bumped when the server may have forgotten its registrations
-        self.lock = threading.Lock()
-
-    def take(self, size: int, device: torch.device | None) -> tuple[_Region, _Region | None]:
-        """A region of at least `size` bytes in host memory (`device` None) or on a GPU, and a
-        free region there too small that it replaces."""
-        with self.lock:
-            there = [region for region in self.free if region.device == device]
-            fitting = [region for region in there if region.size >= size]
-            if fitting:
-                region = min(fitting, key=lambda r: r.size)
-                self.free.remove(region)
-                return region, None
-            grown = round_up(size, _REGION_GRANULE)
-            region = (
-                _Region(self.prefix, grown)
-                if device is None
-                else _CudaRegion(self.prefix, grown, device)
-            )
-            self.all.append(region)
-            replaced = there[-1] if there else None
-            if replaced is not None:
-                self.free.remove(replaced)
-                self.all.remove(replaced)
-            return region, replaced
-
-    def give_back(self, region: _Region) -> None:
-        with self.lock:
-            if region in self.all:
-                self.free.append(region)
-
-    def drop(self, region: _Region) -> None:
-        """Forget a region taken from the pool (its owner destroys it)."""
-        with self.lock:
-            if region in self.all:
-                self.all.remove(region)
-
-    def drop_free_on_gpus(self) -> list[_Region]:
-        """Forget the free CUDA regions and return them (the caller destroys them)."""
-        with self.lock:
-            dropped = [region for region in self.free if region.device is not None]
-            self.free = [region for region in self.free if region.device is None]
-            self.all = [region for region in self.all if region not in dropped]
-            return dropped
-
-    def forget_registrations(self) -> None:
-        with self.lock:
-            self.generation += 1
-
-
-def _destroy_pool(pool: _RegionPool) -> None:
-    with pool.lock:
-        regions, pool.all, pool.free = pool.all, [], []
-    for region in regions:
-        region.destroy()
 
 
 class _ServerBackend(Backend):
@@ -408,7 +203,7 @@ class RemoteBinding(ModelBinding):
                 ("grpc.max_reconnect_backoff_ms", 1000),
             ],
         )
-        self._pool = _RegionPool()
+        self._pool = RegionPool()
         self._closed = False
         self._in_flight = 0  # calls between their start and their return, for close()
         self._idle = threading.Condition()
@@ -532,15 +327,15 @@ class RemoteBinding(ModelBinding):
             _wire_source(inputs[spec.name], spec.block, wire)
             for spec, wire in zip(cls.INPUTS, self._inputs, strict=True)
         ]
-        region: _Region | None = None
+        region: Region | None = None
         try:
             if self._use_shared_memory:
                 size = sum(
-                    round_up(_nbytes(source.shape, wire), _ALIGN)
+                    round_up(block_nbytes(source.shape, wire), ALIGN)
                     for source, wire in zip(sources, self._inputs, strict=True)
                 )
                 size += sum(
-                    round_up(_nbytes(target.shape, wire), _ALIGN)
+                    round_up(block_nbytes(target.shape, wire), ALIGN)
                     for target, wire in zip(targets, self._outputs, strict=True)
                 )
                 region = self._take_region(size, device)
@@ -603,11 +398,11 @@ class RemoteBinding(ModelBinding):
             )
             self._configured = True
 
-    def _take_region(self, size: int, device: torch.device) -> _Region:
+    def _take_region(self, size: int, device: torch.device) -> Region:
         """A region for a call on `device`'s data: on that GPU when the client can make CUDA
         regions and the server has not refused them, else in host memory."""
         if device.type == "cuda" and self._cuda_regions is None:
-            self._cuda_regions = _cuda_shared_memory() is not None
+            self._cuda_regions = cuda_shared_memory() is not None
         on_gpu = device.type == "cuda" and bool(self._cuda_regions)
         try:
             region, replaced = self._pool.take(max(size, 1), device if on_gpu else None)
@@ -625,7 +420,7 @@ class RemoteBinding(ModelBinding):
             replaced.destroy()
         return region
 
-    def _unregister(self, region: _Region) -> None:
+    def _unregister(self, region: Region) -> None:
         if region.registered_in < 0:
             return
         try:
@@ -636,9 +431,9 @@ class RemoteBinding(ModelBinding):
 
     def _send(
         self,
-        sources: list[_Source],
+        sources: list[Source],
         targets: Sequence[torch.Tensor],
-        region: _Region | None,
+        region: Region | None,
     ) -> tuple[typing.Any, _Request]:
         """Send the request, retrying what is transient; the response and the request it answers."""
         cls = type(self)
@@ -701,7 +496,7 @@ class RemoteBinding(ModelBinding):
             + ("" if self.fallback is not None else "; pass fallback= to run locally instead")
         )
 
-    def _register(self, region: _Region) -> bool:
+    def _register(self, region: Region) -> bool:
         """Register the region with the server (once per server lifetime); False if the server
         refuses shared memory and this client may send blocks in requests instead."""
         generation = self._pool.generation
@@ -741,7 +536,7 @@ class RemoteBinding(ModelBinding):
         return True
 
     def _request(
-        self, sources: list[_Source], targets: Sequence[torch.Tensor], region: _Region | None
+        self, sources: list[Source], targets: Sequence[torch.Tensor], region: Region | None
     ) -> _Request:
         """The request's inputs (each block copied once: into the region, or into its bytes) and
         requested outputs (into the region, after the inputs)."""
@@ -757,11 +552,11 @@ class RemoteBinding(ModelBinding):
             entry = grpc.InferInput(
                 wire.name, [1, *shape] if wire.batched else shape, wire.datatype
             )
-            nbytes = _nbytes(source.shape, wire)
+            nbytes = block_nbytes(source.shape, wire)
             if region is not None and nbytes:  # Triton takes no empty shared-memory span
                 region.write(offset, source, wire)
                 entry.set_shared_memory(region.name, nbytes, offset)
-                offset += round_up(nbytes, _ALIGN)
+                offset += round_up(nbytes, ALIGN)
                 shared += nbytes
                 copied += nbytes
                 to_host += nbytes if on_gpu and region.device is None else 0
@@ -776,11 +571,11 @@ class RemoteBinding(ModelBinding):
         for target, wire in zip(targets, self._outputs, strict=True):
             entry = grpc.InferRequestedOutput(wire.name)
             if request.output_offsets is not None and region is not None:
-                nbytes = _nbytes(target.shape, wire)
+                nbytes = block_nbytes(target.shape, wire)
                 if nbytes:
                     entry.set_shared_memory(region.name, nbytes, offset)
                     request.output_offsets.append(offset)
-                    offset += round_up(nbytes, _ALIGN)
+                    offset += round_up(nbytes, ALIGN)
                 else:
                     request.output_offsets.append(None)
             request.outputs.append(entry)
@@ -867,10 +662,6 @@ def _tritonclient() -> typing.Any:
     return tritonclient.grpc
 
 
-# A block in wire order: a NumPy view of host memory, or a torch view of device memory.
-_Source: typing.TypeAlias = "NDArray[typing.Any] | torch.Tensor"
-
-
 @dataclass
 class _Request:
     inputs: list[typing.Any]
@@ -878,7 +669,7 @@ class _Request:
     # Where each output lies in the region (None: in the response, as an empty one always is);
     # None for all: no region.
     output_offsets: list[int | None] | None
-    region: _Region | None = None
+    region: Region | None = None
 
 
 def _served(
@@ -906,13 +697,13 @@ def _served(
     )
 
 
-def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> _Source:
+def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> Source:
     """The block in wire order, without a copy: NumPy for host memory (read-only collections too),
     torch for a device. A block of scalars the server takes once per event: its one value."""
     import numpy as np
 
     if collection.device.type == "cpu":
-        source: _Source = collection.numpy(block).transpose(wire.order)
+        source: Source = collection.numpy(block).transpose(wire.order)
     else:
         source = collection.block(block).permute(wire.order)
     if not wire.is_one_value:
@@ -921,37 +712,14 @@ def _wire_source(collection: Collection, block: BlockSpec, wire: WireTensor) -> 
     shape = list(source.shape)
     shape[typing.cast(int, wire.element_axis)] = 1
     if isinstance(source, np.ndarray):
-        one: _Source = np.lib.stride_tricks.as_strided(
+        one: Source = np.lib.stride_tricks.as_strided(
             source, shape, source.strides, writeable=False
         )
         return one
     return source.as_strided(shape, source.stride())
 
 
-def _nbytes(shape: typing.Iterable[int], wire: WireTensor) -> int:
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count * ITEMSIZE[wire.dtype]
-
-
-def _copy_into(memory: SharedMemory, offset: int, source: _Source, wire: WireTensor) -> None:
-    """The one copy of a block: into the shared-memory region, in wire order."""
-    import numpy as np
-
-    shape = tuple(int(size) for size in source.shape)
-    target: NDArray[typing.Any] = np.ndarray(
-        shape, dtype=np.dtype(wire.numpy_dtype), buffer=memory.buf, offset=offset
-    )
-    if isinstance(source, np.ndarray):
-        np.copyto(target, source, casting="no")
-        return
-    from soagen.runtime.buffers import tensor_of
-
-    tensor_of(target, wire.dtype).copy_(source)
-
-
-def _host_array(source: _Source, wire: WireTensor) -> tuple[NDArray[typing.Any], int]:
+def _host_array(source: Source, wire: WireTensor) -> tuple[NDArray[typing.Any], int]:
     """The block as a host NumPy array (wire order, maybe strided) and the copies that took."""
     import numpy as np
 
@@ -1039,8 +807,8 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _close_quietly(client: typing.Any, pool: _RegionPool) -> None:
-    _destroy_pool(pool)
+def _close_quietly(client: typing.Any, pool: RegionPool) -> None:
+    destroy_pool(pool)
     try:
         client.close()
     except Exception:

@@ -268,14 +268,8 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
     import numpy as np
 
     from soagen.runtime.buffers import tensor_of
-    from soagen.serving.client import (
-        _copy_into,
-        _cuda_shared_memory,
-        _CudaRegion,
-        _declared_tensor,
-        _host_array,
-        _wire_source,
-    )
+    from soagen.serving.client import _declared_tensor, _host_array, _wire_source
+    from soagen.serving.shared_memory import CudaRegion, copy_into, cuda_shared_memory
 
     module = generated_from_text(_ODD_BLOCKS)
     hits = module.Hits.allocate(37, zero=True)
@@ -293,7 +287,7 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
         assert np.array_equal(host, expected) and host.dtype == expected.dtype
         region = SharedMemory(create=True, size=expected.nbytes + 64)
         try:
-            _copy_into(region, 64, source, wire)
+            copy_into(region, 64, source, wire)
             copied = np.ndarray(expected.shape, expected.dtype, buffer=region.buf, offset=64)
             assert np.array_equal(copied, expected)
             # Back in declared order, as outputs come back: the block itself, bit for bit.
@@ -305,9 +299,9 @@ def test_blocks_are_copied_once_in_wire_order_from_any_device(
         finally:
             region.close()
             region.unlink()
-        if device.startswith("cuda") and _cuda_shared_memory() is not None:
+        if device.startswith("cuda") and cuda_shared_memory() is not None:
             # The same block through a CUDA shared-memory region: copied and read on the GPU.
-            on_gpu = _CudaRegion("soagen_test", expected.nbytes + 64, on_device.device)
+            on_gpu = CudaRegion("soagen_test", expected.nbytes + 64, on_device.device)
             try:
                 on_gpu.write(64, source, wire)
                 on_gpu.settle()
@@ -386,9 +380,9 @@ def test_round_trip_equals_local_execution(
 def test_gpu_collections_travel_through_cuda_shared_memory(
     server: Served, local: EdgeClassifier
 ) -> None:
-    from soagen.serving.client import _cuda_shared_memory
+    from soagen.serving.shared_memory import cuda_shared_memory
 
-    if _cuda_shared_memory() is None:
+    if cuda_shared_memory() is None:
         pytest.skip(
             "tritonclient's CUDA utilities need cuda-python: pip install tritonclient[cuda]"
         )
