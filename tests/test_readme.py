@@ -28,10 +28,24 @@ def test_running_models_snippet_runs(tmp_path: Path, gnn_build: tuple[Path, str,
     text = (REPO / "README.md").read_text()
     section = text.split("## Running models", 1)[1]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
-    snippet = snippet.replace('"edge_classifier.pt2"', repr(str(gnn_build[0])))
-    snippet = snippet.replace('"edge_classifier.pt"', repr(str(tmp_path / "edge_classifier.pt")))
+    for written, here in (
+        ('"build/edge_classifier.pt2"', gnn_build[0]),
+        ('"edge_classifier.pt"', tmp_path / "edge_classifier.pt"),
+    ):
+        assert written in snippet, written
+        snippet = snippet.replace(written, repr(str(here)))
     namespace: dict[str, object] = {}
     exec(compile(snippet, "README.md (Running models)", "exec"), namespace)
     scores = namespace["scores"]
     values = scores.score  # type: ignore[attr-defined]
     assert values.shape == (100_000,) and bool(((values > 0) & (values < 1)).all())
+
+
+def test_every_package_path_is_the_one_quick_start_writes() -> None:
+    """A reader who ran Quick start has `build/edge_classifier.pt2`: the README's later examples
+    load and serve that file, not one of the same name elsewhere."""
+    written = re.findall(r"-o (\S+\.pt2)", _quick_start_commands()[0])
+    assert written == ["build/edge_classifier.pt2"]
+    text = (REPO / "README.md").read_text()
+    paths = set(re.findall(r"[\w./-]*edge_classifier\.pt2", text))
+    assert paths == set(written), paths
