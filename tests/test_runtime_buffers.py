@@ -153,6 +153,54 @@ def test_bad_device_names_are_named() -> None:
         Nodes.allocate(10).to(missing)
 
 
+def _has(kind: str) -> bool:
+    module = getattr(torch, kind, None)
+    return module is not None and bool(module.is_available())
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        pytest.param(
+            "cuda",
+            "this machine has 0 CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here"),
+        ),
+        pytest.param(
+            "xpu",
+            "this machine has 0 XPU device",
+            marks=pytest.mark.skipif(_has("xpu"), reason="an XPU is here"),
+        ),
+        pytest.param(
+            "xpu:0",
+            "this machine has 0 XPU device",
+            marks=pytest.mark.skipif(_has("xpu"), reason="an XPU is here"),
+        ),
+        pytest.param(
+            "mps",
+            "this machine has 0 MPS device",
+            marks=pytest.mark.skipif(_has("mps"), reason="an MPS device is here"),
+        ),
+        ("nonsense", "is not a torch device"),
+        # Device types torch parses but has no backend for in this build: caught on allocation.
+        ("hpu", "cannot allocate"),
+        ("ipu", "cannot allocate"),
+    ],
+)
+def test_devices_torch_cannot_use_are_soagen_errors(device: str, says: str) -> None:
+    # Not torch's AssertionError ("Torch not compiled with XPU enabled"), NotImplementedError
+    # or ModuleNotFoundError: a DeviceError naming the argument and the device, wherever memory
+    # is put on a device.
+    named = f"device='{device}'"
+    with pytest.raises(DeviceError, match=f"{named}.*{says}") as refused:
+        Nodes.allocate(10, device=device)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+    with pytest.raises(DeviceError, match=named):
+        Nodes.allocate(10).to(device)
+    with pytest.raises(DeviceError, match=named):
+        Nodes.from_columns(x=torch.zeros(10), device=device, zero_missing=True)
+
+
 @pytest.mark.parametrize("bad", [-1, -100])
 def test_negative_n_is_refused(bad: int) -> None:
     with pytest.raises(ElementCountError, match=f"n must be >= 0, got {bad}"):
