@@ -49,3 +49,25 @@ def test_every_package_path_is_the_one_quick_start_writes() -> None:
     text = (REPO / "README.md").read_text()
     paths = set(re.findall(r"[\w./-]*edge_classifier\.pt2", text))
     assert paths == set(written), paths
+
+
+def test_aligned_memory_snippet_runs() -> None:
+    """The README's snippet that wraps NumPy memory from `aligned_numpy`, and its numbers."""
+    import numpy as np
+
+    from generated.gnn import Edges, Nodes
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Running models", 1)[1].split("\n## ", 1)[0]
+    snippets = re.findall(r"```python\n(.+?)```", section, re.S)
+    snippet = next(s for s in snippets if "aligned_numpy" in s)
+    namespace: dict[str, object] = {}
+    exec(compile(snippet, "README.md (aligned_numpy)", "exec"), namespace)
+    nodes, array = namespace["nodes"], namespace["array"]
+    assert isinstance(array, np.ndarray) and array.ctypes.data % Nodes.ALIGNMENT == 0
+    assert nodes.buffer.data_ptr() == array.ctypes.data  # type: ignore[attr-defined]
+    # The runs of element counts with one byte size that the text gives.
+    assert {Nodes.byte_size(n) for n in range(1, 33)} == {1920} != {Nodes.byte_size(33)}
+    assert {Edges.byte_size(n) for n in range(1, 17)} == {512} != {Edges.byte_size(17)}
+    for sentence in ("1920 bytes for each n from 1 to 32", "512 for each n from 1 to 16"):
+        assert sentence in " ".join(section.split())

@@ -3,6 +3,7 @@
 Importing this package imports neither torch nor numpy; they load when a collection first touches memory.
 """
 
+from soagen.runtime.aligned import aligned_numpy, aligned_tensor
 from soagen.runtime.collection import Collection
 from soagen.runtime.cpu import ensure_cpu_settings, set_cpu_threads, set_malloc_tuning
 from soagen.runtime.errors import (
@@ -58,6 +59,8 @@ __all__ = [
     "StridedView",
     "UnknownNameError",
     "UnsupportedBufferError",
+    "aligned_numpy",
+    "aligned_tensor",
     "check_generated_version",
     "ensure_cpu_settings",
     "set_cpu_threads",

@@ -127,8 +127,10 @@ def check_alignment(tensor: torch.Tensor, alignment: int, layout: str) -> None:
         raise MisalignedBufferError(
             f"buffer starts at address {position:#x}, {position % alignment} bytes past a "
             f"{alignment}-byte boundary, but {layout} needs its buffer aligned to {alignment} bytes "
-            f"({layout}.ALIGNMENT): allocate it with {layout}.allocate(n), or copy the data into an "
-            f"aligned buffer"
+            f"({layout}.ALIGNMENT), which np.zeros, np.empty and torch.empty do not promise: make it "
+            f"with soagen.runtime.aligned_numpy({layout}.byte_size(n), {alignment}) or "
+            f"aligned_tensor({layout}.byte_size(n), {alignment}, device=...), let "
+            f"{layout}.allocate(n) make it, or copy the data into such a buffer"
         )
 
 
