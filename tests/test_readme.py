@@ -71,3 +71,19 @@ def test_aligned_memory_snippet_runs() -> None:
     assert {Edges.byte_size(n) for n in range(1, 17)} == {512} != {Edges.byte_size(17)}
     for sentence in ("1920 bytes for each n from 1 to 32", "512 for each n from 1 to 16"):
         assert sentence in " ".join(section.split())
+
+
+def test_the_cpu_build_note_pins_the_torch_of_quick_start() -> None:
+    """The way to the CPU build installs the very torch Quick start pins, from PyTorch's CPU
+    index, and the README says the CUDA build works too."""
+    text = (REPO / "README.md").read_text()
+    section = " ".join(text.split("## Quick start", 1)[1].split("\n## ", 1)[0].split())
+    pins = {
+        pin for command in _quick_start_commands() for pin in re.findall(r"torch==\S+", command)
+    }
+    assert len(pins) == 1, pins
+    cpu = re.search(
+        r"pip install (torch==\S+) --index-url https://download.pytorch.org/whl/cpu", section
+    )
+    assert cpu is not None and cpu.group(1) in pins
+    assert "CUDA build" in section and "Both work" in section
