@@ -5,6 +5,7 @@ It imports `soagen.dsl`'s pure layout math and dtypes, and no other part (`Model
 imports `soagen.serving` when it is called).
 """
 
+from soagen.runtime.aligned import aligned_numpy, aligned_tensor
 from soagen.runtime.collection import Collection
 from soagen.runtime.cpu import ensure_cpu_settings, set_cpu_threads, set_malloc_tuning
 from soagen.runtime.errors import (
@@ -60,6 +61,8 @@ __all__ = [
     "StridedView",
     "UnknownNameError",
     "UnsupportedBufferError",
+    "aligned_numpy",
+    "aligned_tensor",
     "check_generated_version",
     "ensure_cpu_settings",
     "set_cpu_threads",

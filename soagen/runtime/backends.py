@@ -20,8 +20,10 @@ from __future__ import annotations
 import abc
 import copy
 import io
+import logging
 import os
 import threading
+import time
 import typing
 import warnings
 import zipfile
@@ -38,6 +40,9 @@ if typing.TYPE_CHECKING:
     from soagen.runtime.model import ModelBinding
 
 KINDS = ("eager", "torchscript", "compile", "aot")
+
+# INFO: a `torch.compile` runner's first call, which compiles (seconds to minutes) before it returns.
+logger = logging.getLogger(__name__)
 
 Runner = Callable[[Sequence["torch.Tensor"]], object]
 
@@ -195,6 +200,7 @@ class CompileBackend(Backend):
         self._note_failures()
 
         def run(inputs: Sequence[torch.Tensor]) -> object:
+            started: float | None = None  # when this call began compiling, if it is the first
             disagreement = self._disagreements.get(device)
             if disagreement is not None:
                 if self.fallback_to_eager:
@@ -211,6 +217,8 @@ class CompileBackend(Backend):
                 # Threads must not trace the same function at once: the first call compiles alone.
                 if not warm.is_set():
                     with first_call:
+                        if not warm.is_set():
+                            started = self._log_first_call(device)
                         result = compiled(*inputs)
                         warm.set()
                 else:
@@ -234,7 +242,9 @@ class CompileBackend(Backend):
                 if self._agree_on_copies(compiled, module, inputs):
                     # The model writes into its inputs, so the eager run above read other values
                     # than the compiled one did: the binding reports that write.
+                    self._log_done(device, started, "agree with")
                     return result
+                self._log_done(device, started, "disagree with")
                 self._disagreements[device] = str(error)
                 if not self.fallback_to_eager:
                     raise
@@ -244,9 +254,35 @@ class CompileBackend(Backend):
                     stacklevel=2,
                 )
                 return reference
+            self._log_done(device, started, "agree with")
             return result
 
         return _in_eval_mode(self.module, run)
+
+    def _model_name(self) -> str:
+        if self.binding is None:
+            return self.description
+        return f"{self.binding.NAME} ({self.description})"
+
+    def _log_first_call(self, device: torch.device) -> float:
+        logger.info(
+            "torch.compile: the first call of %s on %s compiles it (this can take tens of "
+            "seconds), then checks its outputs against the eager model's",
+            self._model_name(),
+            device,
+        )
+        return time.perf_counter()
+
+    def _log_done(self, device: torch.device, started: float | None, verdict: str) -> None:
+        if started is not None:
+            logger.info(
+                "torch.compile: %s on %s finished in %.1f s (compiling, the first run and the "
+                "check); its outputs %s the eager model's",
+                self._model_name(),
+                device,
+                time.perf_counter() - started,
+                verdict,
+            )
 
     def _record(self, device: torch.device, inputs: Sequence[torch.Tensor], count: int) -> None:
         geometry = tuple(

@@ -74,15 +74,35 @@ def as_device(device: object, name: str = "device", *, must_exist: bool = True) 
             parsed = torch.device(device)  # type: ignore[call-overload]
         except (RuntimeError, TypeError, ValueError) as error:
             raise DeviceError(f"{name}={device!r} is not a torch device: {error}") from None
-    if must_exist and parsed.type == "cuda":
-        # torch's own error here is an AssertionError ("Torch not compiled with CUDA enabled").
-        count = torch.cuda.device_count()
-        if not count or (parsed.index is not None and parsed.index >= count):
-            raise DeviceError(
-                f"{name}={device!r}: this machine has {count} CUDA device(s) for torch "
-                f"{torch.__version__} (CUDA {torch.version.cuda or 'not built in'})"
-            )
+    if must_exist:
+        _check_available(parsed, name, device)
     return parsed
+
+
+def _check_available(parsed: torch.device, name: str, given: object) -> None:
+    """DeviceError unless torch here has the accelerator `parsed` names (and its index). torch's
+    own errors for a missing one are an AssertionError ("Torch not compiled with XPU enabled"),
+    NotImplementedError or ModuleNotFoundError, raised only when memory is first put there."""
+    if parsed.type in ("cpu", "meta"):
+        return
+    # torch.cuda, torch.xpu, torch.mps, torch.mtia, and the module an out-of-tree backend registers.
+    module = getattr(torch, parsed.type, None)
+    is_available = getattr(module, "is_available", None)
+    device_count = getattr(module, "device_count", None)
+    if not callable(is_available):
+        return  # no way to ask ahead: `allocate` turns torch's refusal into a DeviceError
+    try:
+        count = int(device_count()) if callable(device_count) else int(bool(is_available()))
+        available = bool(is_available())
+    except Exception:  # a backend that cannot even say (a broken driver): none usable
+        count, available = 0, False
+    count = count if available else 0
+    if not count or (parsed.index is not None and parsed.index >= count):
+        built = f" (CUDA {torch.version.cuda or 'not built in'})" if parsed.type == "cuda" else ""
+        raise DeviceError(
+            f"{name}={given!r}: this machine has {count} {parsed.type.upper()} device(s) for "
+            f"torch {torch.__version__}{built}; pass {name}='cpu', or run where that device is"
+        )
 
 
 def device_matches(actual: torch.device, expected: torch.device) -> bool:
@@ -107,8 +127,10 @@ def check_alignment(tensor: torch.Tensor, alignment: int, layout: str) -> None:
         raise MisalignedBufferError(
             f"buffer starts at address {position:#x}, {position % alignment} bytes past a "
             f"{alignment}-byte boundary, but {layout} needs its buffer aligned to {alignment} bytes "
-            f"({layout}.ALIGNMENT): allocate it with {layout}.allocate(n), or copy the data into an "
-            f"aligned buffer"
+            f"({layout}.ALIGNMENT), which np.zeros, np.empty and torch.empty do not promise: make it "
+            f"with soagen.runtime.aligned_numpy({layout}.byte_size(n), {alignment}) or "
+            f"aligned_tensor({layout}.byte_size(n), {alignment}, device=...), let "
+            f"{layout}.allocate(n) make it, or copy the data into such a buffer"
         )
 
 
@@ -125,10 +147,15 @@ def allocate(
     def empty(size: int) -> torch.Tensor:
         try:
             return torch.empty(size, dtype=torch.uint8, device=device, pin_memory=pin_memory)
-        except RuntimeError as error:
+        except Exception as error:
+            # Out of memory, or a device type torch parses but cannot use here (xla, hpu, ...:
+            # NotImplementedError, ModuleNotFoundError, AssertionError): torch's first line.
+            detail = (str(error).strip().splitlines() or [""])[0]
+            if len(detail) > 200:  # NotImplementedError lists every backend the operator has
+                detail = detail.split(". ")[0] + "."
             raise DeviceError(
-                f"cannot allocate {size} bytes on device={str(device)!r}"
-                f"{' with pin_memory=True' if pin_memory else ''}: {error}"
+                f"device={str(device)!r}: cannot allocate {size} bytes there"
+                f"{' with pin_memory=True' if pin_memory else ''}: {type(error).__name__}: {detail}"
             ) from error
 
     buffer: torch.Tensor | None = None

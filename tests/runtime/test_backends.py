@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -106,6 +108,49 @@ def test_torch_compile_matches_eager_at_several_sizes(gnn) -> None:  # type: ign
     scores = EdgeScores.allocate(77)
     model(small_nodes, small_edges, out=scores)
     torch.testing.assert_close(scores.score, _eager(net, small_nodes, small_edges))
+
+
+@pytest.fixture
+def backend_log(request: pytest.FixtureRequest) -> pytest.LogCaptureFixture:
+    """caplog at INFO for soagen.runtime.backends (skipped under `-p no:logging`, which has none)."""
+    if not request.config.pluginmanager.has_plugin("logging"):
+        pytest.skip("needs pytest's logging plugin (caplog): run without -p no:logging")
+    caplog: pytest.LogCaptureFixture = request.getfixturevalue("caplog")
+    caplog.set_level(logging.INFO, logger="soagen.runtime.backends")
+    return caplog
+
+
+def test_the_first_compile_is_logged_with_the_time_it_took(  # type: ignore[no-untyped-def]
+    gnn, backend_log: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The first call of a compiled model waits for torch.compile (18 s for the example GNN on
+    # two cores): the log says so before it starts, and how long it took when it is done.
+    from generated.gnn import EdgeClassifier
+
+    class QuickScores(nn.Module):  # a model of its own: no graph cached by another test
+        def forward(self, x: torch.Tensor, index: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(f[:, 0] - f[:, 1] + x[index[0], 3])
+
+    _, nodes, edges, EdgeScores, _ = gnn
+    model = EdgeClassifier(QuickScores(), backend="compile")
+
+    def ours() -> list[logging.LogRecord]:
+        return [r for r in backend_log.records if r.name == "soagen.runtime.backends"]
+
+    model(nodes, edges, out=EdgeScores.allocate(N_EDGES))
+    start, done = ours()
+    assert start.levelno == done.levelno == logging.INFO
+    assert start.created <= done.created
+    said = start.getMessage()
+    assert "EdgeClassifier (QuickScores) on cpu" in said, said
+    assert "the first call" in said and "compiles it" in said and "eager model" in said, said
+    said = done.getMessage()
+    assert re.search(r"EdgeClassifier \(QuickScores\) on cpu finished in \d+\.\d s", said), said
+    assert "its outputs agree with the eager model's" in said, said
+    backend_log.clear()
+    model(nodes, edges, out=EdgeScores.allocate(N_EDGES))  # compiled: nothing to say
+    assert not ours()
+    assert "torch.compile" not in capsys.readouterr().out  # logged, not printed
 
 
 def test_torch_compile_traces_one_graph_for_every_size_pattern(gnn) -> None:  # type: ignore[no-untyped-def]

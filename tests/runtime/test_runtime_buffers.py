@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.utils.dlpack
 
+import soagen.runtime
 from generated.gnn import Edges, Nodes
 from soagen.runtime import Collection
 from soagen.runtime.errors import (
@@ -150,6 +151,54 @@ def test_bad_device_names_are_named() -> None:
         Nodes.allocate(10, device=missing)
     with pytest.raises(DeviceError, match=f"device='{missing}'"):
         Nodes.allocate(10).to(missing)
+
+
+def _has(kind: str) -> bool:
+    module = getattr(torch, kind, None)
+    return module is not None and bool(module.is_available())
+
+
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        pytest.param(
+            "cuda",
+            "this machine has 0 CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here"),
+        ),
+        pytest.param(
+            "xpu",
+            "this machine has 0 XPU device",
+            marks=pytest.mark.skipif(_has("xpu"), reason="an XPU is here"),
+        ),
+        pytest.param(
+            "xpu:0",
+            "this machine has 0 XPU device",
+            marks=pytest.mark.skipif(_has("xpu"), reason="an XPU is here"),
+        ),
+        pytest.param(
+            "mps",
+            "this machine has 0 MPS device",
+            marks=pytest.mark.skipif(_has("mps"), reason="an MPS device is here"),
+        ),
+        ("nonsense", "is not a torch device"),
+        # Device types torch parses but has no backend for in this build: caught on allocation.
+        ("hpu", "cannot allocate"),
+        ("ipu", "cannot allocate"),
+    ],
+)
+def test_devices_torch_cannot_use_are_soagen_errors(device: str, says: str) -> None:
+    # Not torch's AssertionError ("Torch not compiled with XPU enabled"), NotImplementedError
+    # or ModuleNotFoundError: a DeviceError naming the argument and the device, wherever memory
+    # is put on a device.
+    named = f"device='{device}'"
+    with pytest.raises(DeviceError, match=f"{named}.*{says}") as refused:
+        Nodes.allocate(10, device=device)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+    with pytest.raises(DeviceError, match=named):
+        Nodes.allocate(10).to(device)
+    with pytest.raises(DeviceError, match=named):
+        Nodes.from_columns(x=torch.zeros(10), device=device, zero_missing=True)
 
 
 @pytest.mark.parametrize("bad", [-1, -100])
@@ -406,6 +455,73 @@ def test_misaligned_buffer(shift: int) -> None:
     buffer = aligned_tensor(Nodes.byte_size(10) + 128, 128)[shift:]
     with pytest.raises(MisalignedBufferError, match=f"{shift} bytes past a 128-byte boundary"):
         Nodes.wrap(buffer, 10)
+
+
+def test_misaligned_numpy_memory_is_told_of_the_aligned_helpers() -> None:
+    # A producer's plain np.zeros starts wherever NumPy's allocator put it (16-byte aligned): the
+    # refusal names the helpers that make memory `wrap` takes.
+    array = np.zeros(Nodes.byte_size(10) + 128, dtype=np.uint8)
+    shift = (16 - array.ctypes.data % 128) % 128 or 16
+    with pytest.raises(MisalignedBufferError) as refused:
+        Nodes.wrap(array[shift : shift + Nodes.byte_size(10)], 10)
+    message = str(refused.value)
+    assert "soagen.runtime.aligned_numpy(Nodes.byte_size(n), 128)" in message
+    assert "aligned_tensor(Nodes.byte_size(n), 128, device=...)" in message
+
+
+@pytest.mark.parametrize("alignment", [1, 16, 128, 4096])
+@pytest.mark.parametrize("nbytes", [0, 1, 1920, 100_003])
+def test_aligned_helpers_give_memory_aligned_as_asked(alignment: int, nbytes: int) -> None:
+    for _ in range(4):  # not the allocator's luck
+        array = soagen.runtime.aligned_numpy(nbytes, alignment)
+        assert isinstance(array, np.ndarray) and array.dtype == np.uint8
+        assert array.shape == (nbytes,) and array.flags.writeable and array.flags.c_contiguous
+        assert array.ctypes.data % alignment == 0
+        tensor = soagen.runtime.aligned_tensor(nbytes, alignment)
+        assert tensor.dtype == torch.uint8 and tensor.shape == (nbytes,)
+        assert tensor.device == torch.device("cpu") and tensor.is_contiguous()
+        assert tensor.data_ptr() % alignment == 0
+    assert not soagen.runtime.aligned_numpy(nbytes, alignment, zero=True).any()
+    assert not soagen.runtime.aligned_tensor(nbytes, alignment, zero=True).any()
+
+
+def test_aligned_helpers_memory_wraps_without_a_copy(device: str) -> None:
+    n = 1000
+    array = soagen.runtime.aligned_numpy(Nodes.byte_size(n), Nodes.ALIGNMENT)
+    nodes = Nodes.wrap(array, n, exact=True)
+    nodes.x.fill_(2.5)
+    assert nodes.buffer.data_ptr() == array.ctypes.data
+    assert array.view(np.float32)[:n].tolist() == [2.5] * n  # x is the first column
+    tensor = soagen.runtime.aligned_tensor(Edges.byte_size(n), Edges.ALIGNMENT, device=device)
+    edges = Edges.wrap(tensor, n, exact=True, device=device)
+    assert edges.buffer.data_ptr() == tensor.data_ptr() and edges.device == tensor.device
+
+
+@pytest.mark.parametrize("alignment", [0, -128, 96, 1.5, True, "128"])
+def test_aligned_helpers_refuse_alignments_that_are_not_powers_of_two(alignment: Any) -> None:
+    for helper in (soagen.runtime.aligned_numpy, soagen.runtime.aligned_tensor):
+        with pytest.raises(ValueError, match=f"alignment must be a power of two.*{alignment!r}"):
+            helper(1000, alignment)
+
+
+def test_aligned_helpers_name_their_bad_arguments() -> None:
+    for helper in (soagen.runtime.aligned_numpy, soagen.runtime.aligned_tensor):
+        with pytest.raises(ElementCountError, match="nbytes must be >= 0, got -1"):
+            helper(-1)
+    with pytest.raises(DeviceError, match="device='nonsense'"):
+        soagen.runtime.aligned_tensor(10, device="nonsense")
+
+
+def test_exact_tells_apart_only_counts_of_different_byte_sizes() -> None:
+    # What the README says exact=True cannot do: n = 1 .. 32 Nodes all take 1920 bytes (each
+    # 4-byte column rounds up to 128), so a buffer for 32 passes as one for 1; 33 is refused.
+    buffer = soagen.runtime.aligned_numpy(Nodes.byte_size(32), Nodes.ALIGNMENT)
+    for n in (1, 17, 32):
+        assert Nodes.wrap(buffer, n, exact=True).size == n
+    with pytest.raises(ElementCountError, match="exact=True"):
+        Nodes.wrap(buffer, 0, exact=True)  # 128 bytes: the scalar only
+    with pytest.raises(BufferTooSmallError):
+        Nodes.wrap(buffer, 33, exact=True)
 
 
 def test_wrong_device() -> None:
