@@ -132,6 +132,28 @@ def test_check_reports_stale_missing_and_orphaned(in_tmp: Path) -> None:
     assert status == 1 and "`rm generated/old.py`" in err and "out of date" not in err
 
 
+def test_check_of_some_schemas_leaves_modules_of_others_alone(in_tmp: Path) -> None:
+    """A module whose schema exists outside the folder checked is not checked, and never called
+    orphaned: only modules whose schema is gone get the advice to delete them."""
+    (in_tmp / "schemas").mkdir()
+    (in_tmp / "mine").mkdir()
+    (in_tmp / "schemas" / "gnn.soa").write_text((REPO / "schemas" / "gnn.soa").read_text())
+    (in_tmp / "mine" / "tracks.soa").write_text("layout Tracks {\n    column float32 pt\n}\n")
+    assert run_cli("schemas/gnn.soa", "mine/tracks.soa")[0] == 0
+    status, out, err = run_cli("check", "mine")
+    assert status == 0, err
+    assert "rm " not in err and "orphan" not in out + err
+    assert "not checked: generated/gnn.py (from schemas/gnn.soa)" in err
+    status, out, _ = run_cli("check", "mine", "--format", "json")
+    report = json.loads(out)
+    assert status == 0 and report["stale"] == [] and report["checked"] == 1
+    assert report["not_checked"] == ["generated/gnn.py (from schemas/gnn.soa)"]
+    # Once that schema is gone, its module is an orphan again.
+    (in_tmp / "schemas" / "gnn.soa").unlink()
+    status, _, err = run_cli("check", "mine")
+    assert status == 1 and "`rm generated/gnn.py`" in err
+
+
 def test_output_folder_files_soagen_did_not_write(in_tmp: Path) -> None:
     (in_tmp / "schemas").mkdir()
     (in_tmp / "schemas" / "gnn.soa").write_text((REPO / "schemas" / "gnn.soa").read_text())
