@@ -330,26 +330,3 @@ class Command(Protocol):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
     def run(self, args: argparse.Namespace, output: Output) -> int: ...
-
-
-def all_codes() -> tuple[str, ...]:
-    """Every code `soagen explain` knows: diagnostics, lint rules, breaking-change kinds."""
-    from soagen.dsl.diagnostics import CODES
-    from soagen.tools.breaking import BREAKING_RULES
-    from soagen.tools.lint import RULES_BY_ID
-
-    return (*CODES, *RULES_BY_ID, *BREAKING_RULES)
-
-
-def explain_rule(code: str) -> str | None:
-    """What a lint rule or a breaking-change kind means; None for other codes."""
-    from soagen.tools.breaking import BREAKING_RULES
-    from soagen.tools.lint import explain_rule
-
-    text = explain_rule(code)
-    if text is not None:
-        return text
-    if code in BREAKING_RULES:
-        level, summary = BREAKING_RULES[code]
-        return f"{code} (breaking, {level} level): {summary}"
-    return None

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from soagen.cli.common import EXIT_OK, Output, all_codes
+from soagen.cli.common import EXIT_OK, Output
+from soagen.dsl.codes import REGISTRY
 
 HELP = "print a shell completion script"
 EXAMPLE = (
@@ -267,5 +268,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, output: Output) -> int:
     # The whole parser, set as a default by `soagen.cli.main`: the script covers every command.
-    sys.stdout.write(script(args.shell, args.root_parser, all_codes()))
+    sys.stdout.write(script(args.shell, args.root_parser, tuple(REGISTRY)))
     return EXIT_OK

@@ -17,6 +17,7 @@ from soagen.cli.common import (
     print_diagnostics,
     schema_paths,
 )
+from soagen.dsl.codes import LINT, of_kind
 from soagen.dsl.diagnostics import to_json_object
 
 HELP = "check schemas against style and design rules (pyproject [tool.soagen.lint])"
@@ -61,15 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, output: Output) -> int:
     from soagen.tools.config import ConfigError, load_config
-    from soagen.tools.lint import RULES, lint
+    from soagen.tools.lint import lint
 
     if args.list_rules:
+        rules = of_kind(LINT)
         if output.format == "json":
-            rules = [{"id": r.id, "category": r.category, "purpose": r.purpose} for r in RULES]
-            print(json.dumps({"rules": rules}, indent=2))
+            listed = [{"id": r.id, "category": r.category, "purpose": r.purpose} for r in rules]
+            print(json.dumps({"rules": listed}, indent=2))
         else:
-            width = max(len(rule.id) for rule in RULES)
-            for rule in RULES:
+            width = max(len(rule.id) for rule in rules)
+            for rule in rules:
                 print(f"{rule.id.ljust(width)}  {rule.category.ljust(8)}  {rule.purpose}")
         return EXIT_OK
     try:

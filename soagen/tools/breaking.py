@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from soagen.dsl.codes import BREAKING, of_kind
 from soagen.dsl.diagnostics import Diagnostic, Span
 from soagen.dsl.ir import Binding, Layout, Member, Model, Schema
 from soagen.dsl.layout import Linear, byte_size, member_offsets
@@ -30,40 +31,10 @@ SOURCE, MEMORY = "source", "memory"
 # Small sizes catch padding effects; powers of two and their neighbours catch alignment edges.
 SAMPLE_SIZES = (0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 100, 127, 128, 129, 1000, 1024, 4097)
 
-# id -> (level, what it means): `soagen explain` prints these.
-BREAKING_RULES: dict[str, tuple[str, str]] = {
-    "LAYOUT_REMOVED": (SOURCE, "a layout was removed or renamed"),
-    "LAYOUT_MOVED": (SOURCE, "a layout moved to another schema file, so to another module"),
-    "LAYOUT_ALIGN_CHANGED": (MEMORY, "a layout's alignment changed: every pitch may change"),
-    "LAYOUT_SIZE_CHANGED": (MEMORY, "a layout's byte size changed for some n"),
-    "MEMBER_REMOVED": (SOURCE, "a column or scalar was removed or renamed"),
-    "MEMBER_ADDED": (MEMORY, "a member was added: the buffer grows and later members move"),
-    "MEMBER_KIND_CHANGED": (MEMORY, "a column became a scalar or the other way round"),
-    "MEMBER_DTYPE_CHANGED": (MEMORY, "a member's dtype changed"),
-    "MEMBER_SHAPE_CHANGED": (MEMORY, "an array column's shape changed"),
-    "MEMBER_OFFSET_CHANGED": (MEMORY, "a member starts at another byte offset for some n"),
-    "MODEL_REMOVED": (SOURCE, "a model was removed or renamed"),
-    "MODEL_MOVED": (SOURCE, "a model moved to another schema file, so to another module"),
-    "BINDING_REMOVED": (SOURCE, "an input or output was removed or renamed"),
-    "BINDING_ADDED": (SOURCE, "a model has a new input or output: callers must change"),
-    "BINDING_ORDER_CHANGED": (SOURCE, "a model's bindings are in another order"),
-    "BINDING_DIRECTION_CHANGED": (SOURCE, "an input became an output or the other way round"),
-    "BINDING_BLOCK_CHANGED": (SOURCE, "a binding names another layout or other members"),
-    "BINDING_AXES_CHANGED": (SOURCE, "a binding's tensor has another axis order"),
-    "BINDING_CONTIGUOUS_CHANGED": (
-        SOURCE,
-        "an input gained or lost `contiguous`: its tensor has other strides, which packages refuse",
-    ),
-    "BINDING_SAME_N_CHANGED": (
-        SOURCE,
-        "an input gained, lost or changed `same n as`: packages compiled for one shared size "
-        "refuse the other schema",
-    ),
-    "BINDING_WHOLE_CHANGED": (
-        SOURCE,
-        "an input gained or lost `whole`: `batch_size` calls slice its collection differently",
-    ),
-}
+# Rule ID -> level (source or memory). What each rule means lives in `soagen.dsl.codes` (kind
+# `breaking`, the level its category); `_Comparer` reports each by its ID, and a test keeps the IDs
+# it reports and the registry's equal.
+LEVELS: dict[str, str] = {code.id: code.category for code in of_kind(BREAKING)}
 
 
 class BreakingUsageError(Exception):
@@ -170,7 +141,7 @@ class _Comparer:
         self.changes: list[Change] = []
 
     def report(self, rule: str, message: str, span: Span, hint: str | None = None) -> None:
-        level = BREAKING_RULES[rule][0]
+        level = LEVELS[rule]
         self.changes.append(Change(level, Diagnostic(rule, message, span, hint)))
 
     def old(self, span: Span) -> Span:

@@ -1,8 +1,9 @@
 """`soagen lint`: style and design rules over checked schemas, one declarative table entry per rule.
 
-A schema the checker rejects is not linted: its errors are reported instead. Each rule has a stable
-ID (the diagnostic code, so `soagen explain` and editors can match on it), a category and a check.
-Categories nest like buf's: MINIMAL is in BASIC, BASIC in STANDARD (the default).
+A schema the checker rejects is not linted: its errors are reported instead. Each rule is a code of
+kind `lint` in `soagen.dsl.codes` (its stable ID, also the diagnostic code, its category, purpose and
+explanation) and a check in `CHECKS` here, keyed by that ID. Categories nest like buf's: MINIMAL is
+in BASIC, BASIC in STANDARD (the default).
 
 Settings live in `[tool.soagen.lint]` of the nearest pyproject.toml (see `soagen.tools.config`):
 
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from soagen.dsl.codes import CATEGORIES as CODE_CATEGORIES
+from soagen.dsl.codes import LINT, Code, of_kind
 from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.dtypes import INTEGER_DTYPES
 from soagen.dsl.ir import DEFAULT_ALIGN, Binding, Layout, Member, MemberKind, SchemaFile
@@ -31,7 +34,7 @@ from soagen.dsl.names import is_python_keyword, to_pascal_case, to_snake_case
 from soagen.tools.config import Config, ConfigError, find_config
 
 # Each category holds the rules of the ones before it.
-CATEGORIES = ("MINIMAL", "BASIC", "STANDARD")
+CATEGORIES = CODE_CATEGORIES[LINT]
 DEFAULT_SELECT = ("STANDARD",)
 SETTINGS = frozenset({"select", "ignore", "cache-line", "per-file-ignores", "per-file-select"})
 
@@ -54,11 +57,22 @@ class FileContext:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    id: str
-    category: str
-    purpose: str  # one line: what a clean schema does
-    rationale: str  # why, for `soagen explain`
+    """A lint code of the registry (ID, category, purpose) with its check."""
+
+    code: Code
     check: Callable[[FileContext, Rule], Iterator[Diagnostic]]
+
+    @property
+    def id(self) -> str:
+        return self.code.id
+
+    @property
+    def category(self) -> str:
+        return self.code.category
+
+    @property
+    def purpose(self) -> str:
+        return self.code.purpose
 
     def finding(self, message: str, span: Span, hint: str | None = None) -> Diagnostic:
         return Diagnostic(self.id, message, span, hint)
@@ -253,118 +267,25 @@ def _check_column_grouping(context: FileContext, rule: Rule) -> Iterator[Diagnos
 
 # --- the table ----------------------------------------------------------------------------------
 
-RULES: tuple[Rule, ...] = (
-    Rule(
-        "SCALAR_BETWEEN_COLUMNS",
-        "MINIMAL",
-        "scalars do not sit between columns of one dtype and shape",
-        "A block is zero-copy only when its columns are adjacent. A scalar between two columns of "
-        "the same type keeps them from ever being bound as one tensor, and costs a full aligned "
-        "pitch in the middle of the collection. CMSSW layouts keep scalars at either end.",
-        _check_scalars_between_columns,
-    ),
-    Rule(
-        "COLUMNS_GROUPED_BY_TYPE",
-        "MINIMAL",
-        "columns of one dtype and shape are declared together",
-        "Any run of adjacent columns of one dtype and shape can be bound as one zero-copy block. "
-        "A column of another type in the middle of such a group splits it for good: a model that "
-        "wants all of them needs a copy, or a reordered (and so incompatible) layout later.",
-        _check_column_grouping,
-    ),
-    Rule(
-        "ALIGN_CACHE_LINE",
-        "BASIC",
-        "every layout is aligned to at least the target's cache line (`cache-line`, default 128)",
-        "Columns start at multiples of the alignment. Below the cache line, the end of one column "
-        "and the start of the next share a line, so threads writing neighbouring columns contend "
-        "and GPU loads of a column split into more transactions. 128 is CMSSW's default; set "
-        "`cache-line = 64` in [tool.soagen.lint] for CPU-only data.",
-        _check_alignment,
-    ),
-    Rule(
-        "INTEGER_INPUT_INDEXES",
-        "BASIC",
-        "integer inputs say which input's elements they number (`indexes NAME`)",
-        "An integer input is most often an index into another input: an edge list's node "
-        "numbers. With `indexes NAME`, every call checks each value against NAME's element count "
-        "first. Without it, a value out of range aborts the whole process inside a compiled "
-        "(AOTInductor) model, under `soagen serve` the server and every client's events with it, "
-        "and a negative value can silently read from the end (Inductor's kernels, `x[index]`). "
-        "Ignore the rule for integer inputs whose values are not element numbers of another input (counts, or rows of an "
-        "embedding table inside the model).",
-        _check_index_inputs,
-    ),
-    Rule(
-        "LAYOUT_PASCAL_CASE",
-        "BASIC",
-        "layout names are PascalCase",
-        "Layouts become Python classes; PEP 8 names classes in PascalCase.",
-        _check_layout_names,
-    ),
-    Rule(
-        "MODEL_PASCAL_CASE",
-        "BASIC",
-        "model names are PascalCase",
-        "Models become Python classes; PEP 8 names classes in PascalCase.",
-        _check_model_names,
-    ),
-    Rule(
-        "MEMBER_SNAKE_CASE",
-        "BASIC",
-        "column and scalar names are snake_case",
-        "Members become properties of the generated class; PEP 8 names attributes in snake_case.",
-        _check_member_names,
-    ),
-    Rule(
-        "BINDING_SNAKE_CASE",
-        "BASIC",
-        "input and output names are snake_case",
-        "Binding names are the keys users type (`index_bounds=`, `contiguous=`) and the tensor names "
-        "of a Triton model; PEP 8 spells such names in snake_case.",
-        _check_binding_names,
-    ),
-    Rule(
-        "LAYOUT_DOC_COMMENT",
-        "STANDARD",
-        "every layout has a `///` doc comment",
-        "The doc comment becomes the docstring of the generated class: the one place that says "
-        "what a collection holds, for the C++ producers and the Python consumers alike.",
-        _check_layout_docs,
-    ),
-    Rule(
-        "MODEL_DOC_COMMENT",
-        "STANDARD",
-        "every model has a `///` doc comment",
-        "The doc comment becomes the docstring of the generated model class.",
-        _check_model_docs,
-    ),
-    Rule(
-        "LAYOUT_UNUSED",
-        "STANDARD",
-        "every layout is bound by a model of the linted files or of the schemas beside them",
-        "A layout no model binds is often left over from a refactoring. Usage is counted over "
-        "the files linted in one run, their imports, and every other .soa file in their folders "
-        "(so a pre-commit run that sees only a changed shared file still finds the files that "
-        "import it). Ignore the rule for layouts that only describe data.",
-        _check_unused_layouts,
-    ),
+# Rule ID -> check; what each rule is and why lives in `soagen.dsl.codes` (a test keeps the two
+# tables equal). Rules run, and are listed, in the registry's order.
+CHECKS: dict[str, Callable[[FileContext, Rule], Iterator[Diagnostic]]] = {
+    "SCALAR_BETWEEN_COLUMNS": _check_scalars_between_columns,
+    "COLUMNS_GROUPED_BY_TYPE": _check_column_grouping,
+    "ALIGN_CACHE_LINE": _check_alignment,
+    "INTEGER_INPUT_INDEXES": _check_index_inputs,
+    "LAYOUT_PASCAL_CASE": _check_layout_names,
+    "MODEL_PASCAL_CASE": _check_model_names,
+    "MEMBER_SNAKE_CASE": _check_member_names,
+    "BINDING_SNAKE_CASE": _check_binding_names,
+    "LAYOUT_DOC_COMMENT": _check_layout_docs,
+    "MODEL_DOC_COMMENT": _check_model_docs,
+    "LAYOUT_UNUSED": _check_unused_layouts,
+}
+RULES: tuple[Rule, ...] = tuple(
+    Rule(code, CHECKS[code.id]) for code in of_kind(LINT) if code.id in CHECKS
 )
 RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
-
-
-def rules_markdown() -> str:
-    """The rule table as README shows it (a test keeps the two equal)."""
-    lines = ["| rule | category | purpose |", "|---|---|---|"]
-    lines += [f"| `{rule.id}` | {rule.category} | {rule.purpose} |" for rule in RULES]
-    return "\n".join(lines)
-
-
-def explain_rule(rule_id: str) -> str | None:
-    rule = RULES_BY_ID.get(rule_id)
-    if rule is None:
-        return None
-    return f"{rule.id} ({rule.category}): {rule.purpose}\n\n{rule.rationale}"
 
 
 # --- selection ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from soagen.dsl.diagnostics import CODES, EXPLANATIONS
+from soagen.dsl.codes import REGISTRY
 from tests.helpers import REPO, run_cli
 
 WORKED_EXAMPLE = """
@@ -267,7 +267,8 @@ def test_empty_paths_are_usage_errors(in_tmp: Path, args: list[str], named: str)
 def test_explain_and_help_examples() -> None:
     status, out, _ = run_cli("explain", "soa303")
     assert status == 0 and out.startswith("SOA303: ")
-    assert out == f"SOA303: {CODES['SOA303']}\n\n{EXPLANATIONS['SOA303']}\n"
+    code = REGISTRY["SOA303"]
+    assert out == f"SOA303: {code.purpose}\n\n{code.text()}\n"
     assert "Gives SOA303:" in out and "Fixed:" in out
     for command in ("generate", "show", "check", "explain"):
         result = subprocess.run(
@@ -282,13 +283,64 @@ def test_explain_and_help_examples() -> None:
 def test_explain_json() -> None:
     status, out, _ = run_cli("explain", "SOA303", "--format", "json")
     assert status == 0
-    assert json.loads(out) == {
-        "code": "SOA303",
-        "summary": CODES["SOA303"],
-        "explanation": EXPLANATIONS["SOA303"],
+    code = REGISTRY["SOA303"]
+    shown = json.loads(out)
+    assert {key: shown[key] for key in ("id", "kind", "category", "purpose", "explanation")} == {
+        "id": "SOA303",
+        "kind": "error",
+        "category": "binding",
+        "purpose": code.purpose,
+        "explanation": code.text(),
     }
-    status, out, _ = run_cli("explain", "LAYOUT_UNUSED", "--format", "json")
-    assert status == 0 and set(json.loads(out)) == {"code", "summary"}
+    assert shown["examples"] == [{"bad": e.bad, "fixed": e.fixed} for e in code.examples]
+    # The fields of earlier versions stay.
+    assert (shown["code"], shown["summary"]) == ("SOA303", code.purpose)
+    for name, kind, category in (
+        ("LAYOUT_UNUSED", "lint", "STANDARD"),
+        ("member_added", "breaking", "memory"),
+    ):
+        status, out, _ = run_cli("explain", name, "--format", "json")
+        shown = json.loads(out)
+        assert status == 0 and (shown["id"], shown["kind"], shown["category"]) == (
+            name.upper(),
+            kind,
+            category,
+        )
+        assert shown["explanation"].startswith(REGISTRY[name.upper()].explanation)
+
+
+def test_explain_every_kind_and_unknown_codes() -> None:
+    for code in REGISTRY.values():
+        status, out, _ = run_cli("explain", code.id.lower())
+        assert status == 0 and out == f"{code.heading}\n\n{code.text()}\n", code.id
+    assert run_cli("explain", "LAYOUT_REMOVED")[1].startswith(
+        "LAYOUT_REMOVED (breaking, source level): a layout was removed or renamed\n\n"
+    )
+    status, _, err = run_cli("explain", "SOA33")
+    assert status == 2
+    assert "unknown code `SOA33` (did you mean `SOA303`?)" in err
+    assert "soagen lint --list-rules" in err and "soagen explain --list" in err
+    status, _, err = run_cli("explain", "NOTHING_LIKE_IT")
+    assert status == 2 and "did you mean" not in err and "soagen explain --list" in err
+    status, _, err = run_cli("explain")
+    assert status == 2 and "soagen explain SOA303" in err
+
+
+def test_explain_list() -> None:
+    status, out, _ = run_cli("explain", "--list")
+    assert status == 0
+    assert [line.split()[0] for line in out.splitlines()] == list(REGISTRY)
+    assert out.splitlines()[0].split(maxsplit=3) == [
+        "SOA001",
+        "error",
+        "syntax",
+        REGISTRY["SOA001"].purpose,
+    ]
+    status, out, _ = run_cli("explain", "--list", "--format", "json")
+    assert status == 0
+    assert [
+        (c["id"], c["kind"], c["category"], c["purpose"]) for c in json.loads(out)["codes"]
+    ] == [(c.id, c.kind, c.category, c.purpose) for c in REGISTRY.values()]
 
 
 def test_cli_never_imports_torch_or_numpy(tmp_path: Path) -> None:

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import keyword
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from soagen.dsl.diagnostics import CODES, EXPLANATIONS, Diagnostic, render_text
+from soagen.dsl.codes import ERROR, of_kind
+from soagen.dsl.diagnostics import Diagnostic, render_text
 from soagen.dsl.loader import LoadResult, load
 from soagen.generator.python import generate
 
 MARK = "\u2038"  # ‸
+CODES = {code.id: code for code in of_kind(ERROR)}
 
 
 def marked(text: str) -> tuple[str, int, int]:
@@ -653,34 +654,32 @@ def test_every_code_is_covered() -> None:
 
 # --- explanations -------------------------------------------------------------------------------
 
-# An example in an explanation: a line `Gives SOAnnn:` or `Fixed:`, a blank line, then the schema
-# indented by four spaces.
-EXAMPLE = re.compile(r"^(?:Gives (SOA\d{3})|Fixed):\n\n((?: {4}.*(?:\n|\Z))+)", re.MULTILINE)
-
+# Every example of a schema error: (code, whether it should report the code, the schema).
 EXAMPLES = [
-    (code, match.group(1), textwrap.dedent(match.group(2)))
-    for code, text in EXPLANATIONS.items()
-    for match in EXAMPLE.finditer(text)
+    (code.id, gives, schema)
+    for code in CODES.values()
+    for example in code.examples
+    for gives, schema in ((True, example.bad), (False, example.fixed))
+    if schema is not None
 ]
 
 
 def test_every_code_is_explained() -> None:
-    assert list(EXPLANATIONS) == list(CODES)
-    for code, text in EXPLANATIONS.items():
+    for code, entry in CODES.items():
+        text = entry.text()
         assert text == text.strip() and "\n\n\n" not in text, code
         assert max(len(line) for line in text.splitlines()) <= 92, code
-        prose = text.split("\n\n", 1)[0]
-        assert len(prose.splitlines()) <= 12, code
+        assert len(entry.explanation.splitlines()) <= 12, code
 
 
 def test_explanation_examples_are_found() -> None:
-    """Every `Gives`/`Fixed` line heads an example the pattern reads; only single-file codes lack
-    one (SOA002 needs an unreadable file, SOA402 and SOA403 several files)."""
-    for code, text in EXPLANATIONS.items():
-        labels = re.findall(r"^(?:Gives SOA\d{3}|Fixed):$", text, re.MULTILINE)
-        assert len(labels) == sum(1 for c, _, _ in EXAMPLES if c == code), code
-    with_errors = {code for code, gives, _ in EXAMPLES if gives is not None}
+    """Every code but the multi-file ones has an example (SOA002 needs an unreadable file, SOA402
+    and SOA403 several files), and the text `soagen explain` prints shows each of them."""
+    with_errors = {code for code, gives, _ in EXAMPLES if gives}
     assert with_errors == set(CODES) - {"SOA002", "SOA402", "SOA403"}
+    for code, entry in CODES.items():
+        labels = re.findall(r"^(?:Gives SOA\d{3}|Fixed):$", entry.text(), re.MULTILINE)
+        assert len(labels) == sum(1 for c, _, _ in EXAMPLES if c == code), code
 
 
 @pytest.mark.parametrize(
@@ -688,11 +687,10 @@ def test_explanation_examples_are_found() -> None:
     EXAMPLES,
     ids=[f"{code}-{'gives' if gives else 'fixed'}" for code, gives, _ in EXAMPLES],
 )
-def test_explanation_examples(tmp_path: Path, code: str, gives: str | None, schema: str) -> None:
+def test_explanation_examples(tmp_path: Path, code: str, gives: bool, schema: str) -> None:
     """A `Gives` example reports its code and only that one; a `Fixed` one loads and generates."""
     result = load_text(tmp_path, schema)
-    if gives is not None:
-        assert gives == code
+    if gives:
         assert {d.code for d in result.diagnostics} == {code}, result.diagnostics
     else:
         assert result.diagnostics == [], result.diagnostics
