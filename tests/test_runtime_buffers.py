@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import subprocess
 import sys
@@ -301,6 +302,25 @@ def test_storage_that_starts_off_alignment_still_gives_typed_views(
 # Read-only memory: refused, or wrapped read-only with NumPy views only.
 
 
+class ReadOnlyProducer(Producer):
+    """A DLPack >= 1.0 producer that marks its memory read-only (as NumPy 2 does for a read-only
+    array), whatever NumPy is installed: a torch tensor's versioned capsule with the flag set."""
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if kwargs.get("max_version") is None:  # an old consumer: refused, as NumPy 2 does
+            raise BufferError("cannot export a readonly array without max_version >= (1, 0)")
+        capsule = self.inner.__dlpack__(**kwargs)
+        get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+            ("PyCapsule_GetPointer", ctypes.pythonapi)
+        )
+        pointer = get_pointer(capsule, b"dltensor_versioned")
+        # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then uint64 flags.
+        flags = ctypes.c_uint64.from_address(pointer + 8 + 8 + 8)
+        flags.value |= 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+        return capsule
+
+
 def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
     nbytes = Nodes.byte_size(12)
     contents = np.arange(nbytes // 4, dtype=np.float32).tobytes()
@@ -311,22 +331,25 @@ def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
     array = aligned_numpy(nbytes, 128)
     array[:] = np.frombuffer(contents, np.uint8)
     array.flags.writeable = False
+    marked = aligned_tensor(nbytes, 128)
+    marked.copy_(torch.frombuffer(bytearray(contents), dtype=torch.uint8))
     return {
         "bytes": aligned_bytes(contents, 128),
         "mmap": mapped,
         "numpy": array,
-        "dlpack": Producer(array),
+        "dlpack": Producer(array),  # NumPy 2 marks it read-only; NumPy 1 refuses to export it
+        "dlpack-marked": ReadOnlyProducer(marked),  # marked read-only under any NumPy
     }
 
 
-@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack", "dlpack-marked"])
 def test_read_only_memory_is_refused_by_default(tmp_path: Path, kind: str) -> None:
     source = _read_only_sources(tmp_path)[kind]
     with pytest.raises(ReadOnlyBufferError, match="read_only=True"):
         Nodes.wrap(source, 12)
 
 
-@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack", "dlpack-marked"])
 def test_read_only_wrap_gives_read_only_numpy_views_and_no_torch_views(
     tmp_path: Path, kind: str
 ) -> None:
