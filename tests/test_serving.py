@@ -40,7 +40,7 @@ torch = pytest.importorskip("torch")
 
 from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
-from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
+from soagen.runtime import BindingError, IndexRangeError, SoaRuntimeError  # noqa: E402
 from soagen.serving import (  # noqa: E402
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -416,7 +416,7 @@ def test_remote_arguments_are_checked_before_any_connection() -> None:
     for url in ("127.0.0.1", "http://127.0.0.1:8000", "", "host:port"):
         with pytest.raises(RemoteConfigurationError, match="url"):
             EdgeClassifier.remote(url)
-    with pytest.raises(SoaRuntimeError, match="index_bounds"):
+    with pytest.raises(BindingError, match="index_bounds: EdgeClassifier has no input 'nodes'"):
         EdgeClassifier.remote("127.0.0.1:1", index_bounds={"edge_index": "nodes"})
 
 
