@@ -38,7 +38,21 @@ def test_running_models_snippet_runs(tmp_path: Path, gnn_build: tuple[Path, str,
     exec(compile(snippet, "README.md (Running models)", "exec"), namespace)
     scores = namespace["scores"]
     values = scores.score  # type: ignore[attr-defined]
-    assert values.shape == (100_000,) and bool(((values > 0) & (values < 1)).all())
+    assert values.shape == (100_000,)
+    # The reference: a model built anew, run eagerly on plain tensors gathered member by member
+    # from the collections the snippet filled (no block, no binding, no package).
+    import torch
+
+    from examples.gnn_model import build_model
+
+    nodes, edges = namespace["nodes"], namespace["edges"]
+    node_features = torch.stack([nodes.x, nodes.y, nodes.z, nodes.energy], dim=1).clone()  # type: ignore[attr-defined]
+    edge_index = torch.stack([edges.src, edges.dst]).clone()  # type: ignore[attr-defined]
+    edge_features = torch.stack([edges.delta_r, edges.delta_eta], dim=1).clone()  # type: ignore[attr-defined]
+    with torch.no_grad():
+        expected = build_model()(node_features, edge_index, edge_features)
+    assert float(expected.std()) > 0.01  # the scores vary: agreeing with them means something
+    torch.testing.assert_close(values, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_every_package_path_is_the_one_quick_start_writes() -> None:

@@ -24,8 +24,10 @@ from soagen.runtime.errors import (
     IndexRangeError,
     InputModifiedError,
     MisalignedBufferError,
+    NonContiguousBufferError,
     OutputError,
     SoaRuntimeError,
+    UnsupportedBufferError,
 )
 from soagen.runtime.spec import StridedView
 
@@ -198,19 +200,35 @@ def test_buffers_of_any_plain_dtype_are_bytes(
 
 @pytest.mark.filterwarnings("ignore:.*quantized tensor creation functions.*:UserWarning")
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "error", "message"),
     [
-        lambda: torch.zeros(4096).to_sparse(),
-        lambda: torch.quantize_per_tensor(torch.zeros(4096), 0.1, 0, torch.quint8),
-        lambda: np.empty(4096, dtype=object),
-        lambda: torch.zeros(64, 64)[:, :10],
+        (
+            lambda: torch.zeros(4096).to_sparse(),
+            UnsupportedBufferError,
+            "must be a dense strided tensor, .* with layout torch.sparse_coo",
+        ),
+        (
+            lambda: torch.quantize_per_tensor(torch.zeros(4096), 0.1, 0, torch.quint8),
+            UnsupportedBufferError,
+            "must be a dense strided tensor, got a torch.Tensor of torch.quint8",
+        ),
+        (
+            lambda: np.empty(4096, dtype=object),
+            UnsupportedBufferError,
+            "numpy.ndarray of object: object arrays hold pointers, not data",
+        ),
+        (
+            lambda: torch.zeros(64, 64)[:, :10],
+            NonContiguousBufferError,
+            r"must be contiguous, .* of shape \(64, 10\) with strides \(64, 1\)",
+        ),
     ],
     ids=["sparse", "quantized", "numpy-object", "non-contiguous"],
 )
 def test_buffers_that_are_not_plain_bytes_are_refused(
-    soa: ModuleType, bad: Callable[[], object]
+    soa: ModuleType, bad: Callable[[], object], error: type[SoaRuntimeError], message: str
 ) -> None:
-    with pytest.raises(SoaRuntimeError):
+    with pytest.raises(error, match=message):
         soa.Points.wrap(bad(), 1)
 
 

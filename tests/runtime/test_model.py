@@ -478,7 +478,7 @@ def test_bindings_may_share_names_with_model_attributes(
     model(hits, out=out)
     assert out.close.tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
     hits.near[0] = 5
-    with pytest.raises(IndexError, match="index_bounds"):
+    with pytest.raises(IndexRangeError, match=r"'index_bounds' .*outside \[0, 5\)"):
         model(hits, out=out)
 
 

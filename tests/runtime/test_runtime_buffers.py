@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import subprocess
 import sys
@@ -349,6 +350,25 @@ def test_storage_that_starts_off_alignment_still_gives_typed_views(
 # Read-only memory: refused, or wrapped read-only with NumPy views only.
 
 
+class ReadOnlyProducer(Producer):
+    """A DLPack >= 1.0 producer that marks its memory read-only (as NumPy 2 does for a read-only
+    array), whatever NumPy is installed: a torch tensor's versioned capsule with the flag set."""
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if kwargs.get("max_version") is None:  # an old consumer: refused, as NumPy 2 does
+            raise BufferError("cannot export a readonly array without max_version >= (1, 0)")
+        capsule = self.inner.__dlpack__(**kwargs)
+        get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+            ("PyCapsule_GetPointer", ctypes.pythonapi)
+        )
+        pointer = get_pointer(capsule, b"dltensor_versioned")
+        # DLManagedTensorVersioned: version (2 x uint32), manager_ctx, deleter, then uint64 flags.
+        flags = ctypes.c_uint64.from_address(pointer + 8 + 8 + 8)
+        flags.value |= 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+        return capsule
+
+
 def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
     nbytes = Nodes.byte_size(12)
     contents = np.arange(nbytes // 4, dtype=np.float32).tobytes()
@@ -359,22 +379,25 @@ def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
     array = aligned_numpy(nbytes, 128)
     array[:] = np.frombuffer(contents, np.uint8)
     array.flags.writeable = False
+    marked = aligned_tensor(nbytes, 128)
+    marked.copy_(torch.frombuffer(bytearray(contents), dtype=torch.uint8))
     return {
         "bytes": aligned_bytes(contents, 128),
         "mmap": mapped,
         "numpy": array,
-        "dlpack": Producer(array),
+        "dlpack": Producer(array),  # NumPy 2 marks it read-only; NumPy 1 refuses to export it
+        "dlpack-marked": ReadOnlyProducer(marked),  # marked read-only under any NumPy
     }
 
 
-@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack", "dlpack-marked"])
 def test_read_only_memory_is_refused_by_default(tmp_path: Path, kind: str) -> None:
     source = _read_only_sources(tmp_path)[kind]
     with pytest.raises(ReadOnlyBufferError, match="read_only=True"):
         Nodes.wrap(source, 12)
 
 
-@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack"])
+@pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack", "dlpack-marked"])
 def test_read_only_wrap_gives_read_only_numpy_views_and_no_torch_views(
     tmp_path: Path, kind: str
 ) -> None:
@@ -391,7 +414,7 @@ def test_read_only_wrap_gives_read_only_numpy_views_and_no_torch_views(
     assert not y.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
         y[0] = 1.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
         y.flags.writeable = True
     for name, view in nodes.numpy().items():
         assert not view.flags.writeable, name
@@ -427,9 +450,9 @@ def test_read_only_wrap_of_writable_memory_cannot_be_written_through_numpy() -> 
     array = aligned_numpy(Edges.byte_size(8), 128)
     edges = Edges.wrap(array, 8, read_only=True)
     src = edges.numpy("src")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="assignment destination is read-only"):
         src[0] = 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot set WRITEABLE flag to True"):
         src.flags.writeable = True
     with pytest.raises(ReadOnlyCollectionError):
         _ = edges.src
@@ -642,7 +665,7 @@ def test_copy_values_keeps_copy_semantics_for_other_pairs() -> None:
     assert torch.equal(target, torch.tensor([1.5, 2.5]).expand(10_000, 2))
     copy_values(target, torch.ones(10_000, 2, dtype=torch.float64).t().contiguous().t())
     assert torch.equal(target, torch.ones(10_000, 2))  # another dtype: converted
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(10000\) must match .* \(9999\)"):
         copy_values(target, torch.ones(9_999, 2).t().contiguous().t())
 
 

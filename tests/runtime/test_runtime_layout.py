@@ -8,7 +8,9 @@ the bytes the views wrote with the bytes at those offsets.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 from soagen.dsl.dtypes import DTYPES
 from soagen.runtime import BlockSpec, Collection, MemberSpec
+from tests.helpers import REPO
 
 # Every dtype, array columns of ranks 1-3, scalars (alone and in blocks) and blocks in several axis
 # orders; ALIGN is replaced by each alignment under test.
@@ -74,13 +77,71 @@ def round_up(size: int, align: int) -> int:
     return -(-size // align) * align
 
 
-def oracle(members: tuple[MemberSpec, ...], align: int, n: int) -> tuple[dict[str, int], int]:
+# The oracle's own facts, taken neither from soagen nor from the generated code: item sizes in
+# bytes written out here, and the members of each layout read from the schema text.
+ITEM_SIZES = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+}
+DEFAULT_ALIGN = 128  # CMSSW's, and the schema language's, when a layout has no `align`
+
+
+@dataclass(frozen=True)
+class Declared:
+    name: str
+    kind: str  # column or scalar
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def declared_layouts(text: str) -> dict[str, tuple[int, list[Declared]]]:
+    """Each layout's alignment and members, in the order the schema text declares them."""
+    text = re.sub(r"//.*", "", text)
+    layouts = {}
+    for name, body in re.findall(r"\blayout\s+(\w+)\s*\{(.*?)\}", text, re.DOTALL):
+        align, members = DEFAULT_ALIGN, []
+        for statement in body.splitlines():
+            if found := re.fullmatch(r"\s*align\s+(\d+)\s*", statement):
+                align = int(found[1])
+            elif found := re.fullmatch(
+                r"\s*(column|scalar)\s+(\w+)(?:\[([\d,\s]+)\])?\s+(.+)", statement
+            ):
+                kind, dtype, dims, names = found.groups()
+                shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+                members += [Declared(m.strip(), kind, dtype, shape) for m in names.split(",")]
+            else:
+                assert not statement.strip(), statement
+        layouts[name] = (align, members)
+    return layouts
+
+
+GNN_LAYOUTS = declared_layouts((REPO / "schemas" / "gnn.soa").read_text())
+
+
+def test_item_size_table_agrees_with_numpy() -> None:
+    for dtype, size in ITEM_SIZES.items():
+        if dtype != "bfloat16":  # NumPy has none; it is 16 bits by definition
+            assert np.dtype(dtype).itemsize == size, dtype
+
+
+def oracle(members: list[Declared], align: int, n: int) -> tuple[dict[str, int], int]:
     """Member byte offsets and total size by CMSSW's rule, walking the members in order."""
     offsets: dict[str, int] = {}
     position = 0
     for member in members:
         offsets[member.name] = position
-        size = DTYPES[member.dtype].itemsize
+        size = ITEM_SIZES[member.dtype]
         if member.kind == "scalar":
             position += round_up(size, align)
         else:
@@ -108,9 +169,9 @@ def write_members(collection: Collection) -> dict[str, torch.Tensor]:
     return values
 
 
-def expected_bytes(member: MemberSpec, value: torch.Tensor) -> np.ndarray:
+def expected_bytes(member: Declared, value: torch.Tensor) -> np.ndarray:
     """The member's bytes as CMSSW stores them: one row per coefficient (column-major), n per row."""
-    size = DTYPES[member.dtype].itemsize
+    size = ITEM_SIZES[member.dtype]
     if member.kind == "scalar":
         return value.reshape(1).view(torch.uint8).numpy()
     n, rows = value.shape[0], math.prod(member.shape)
@@ -120,20 +181,31 @@ def expected_bytes(member: MemberSpec, value: torch.Tensor) -> np.ndarray:
     return by_row.reshape(-1).view(torch.uint8).reshape(rows, n * size).numpy()
 
 
-def assert_cmssw_layout(collection: Collection, values: dict[str, torch.Tensor]) -> None:
+def assert_cmssw_layout(
+    collection: Collection,
+    values: dict[str, torch.Tensor],
+    declared: tuple[int, list[Declared]],
+) -> None:
+    """The collection's bytes where the oracle puts them, for the layout as the schema declares it
+    (`declared`: its alignment and members in order)."""
     cls = type(collection)
     n = collection.size
-    offsets, total = oracle(cls.MEMBERS, cls.ALIGNMENT, n)
+    align, members = declared
+    assert cls.ALIGNMENT == align
+    assert [(m.name, m.kind, m.dtype, m.shape) for m in cls.MEMBERS] == [
+        (m.name, m.kind, m.dtype, m.shape) for m in members
+    ]
+    offsets, total = oracle(members, align, n)
     assert cls.byte_size(n) == total == collection.nbytes
     assert cls.offsets(n) == offsets
     raw = collection.buffer.cpu().numpy()
-    for member in cls.MEMBERS:
-        size = DTYPES[member.dtype].itemsize
+    for member in members:
+        size = ITEM_SIZES[member.dtype]
         expected = expected_bytes(member, values[member.name])
         if member.kind == "scalar":
             actual = raw[offsets[member.name] : offsets[member.name] + size]
         else:
-            pitch = round_up(n * size, cls.ALIGNMENT)
+            pitch = round_up(n * size, align)
             rows = math.prod(member.shape)
             region = raw[offsets[member.name] : offsets[member.name] + rows * pitch]
             actual = region.reshape(rows, pitch)[:, : n * size]
@@ -172,7 +244,9 @@ def test_every_dtype_and_alignment_has_cmssw_bytes(
     collection = cls.allocate(n, zero=True)
     assert collection.buffer.data_ptr() % align == 0
     values = write_members(collection)
-    assert_cmssw_layout(collection, values)
+    assert_cmssw_layout(
+        collection, values, declared_layouts(EVERY.replace("ALIGN", str(align)))["Every"]
+    )
     for name, value in values.items():
         assert torch.equal(collection.member(name), value), name
     for name, spec in cls.BLOCKS.items():
@@ -185,7 +259,7 @@ def test_gnn_collections_have_cmssw_bytes(device: str) -> None:
     for cls, n in ((Nodes, 100), (Edges, 250), (EdgeScores, 33)):
         collection = cls.allocate(n, device=device)
         values = write_members(collection)
-        assert_cmssw_layout(collection, values)
+        assert_cmssw_layout(collection, values, GNN_LAYOUTS[cls.__name__])
 
 
 def test_array_coefficient_formula_from_the_issue() -> None:

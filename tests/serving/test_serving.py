@@ -14,7 +14,9 @@ import signal
 import subprocess
 import threading
 import time
+import typing
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -37,7 +39,7 @@ torch = pytest.importorskip("torch")
 
 from examples.gnn_model import build_model  # noqa: E402
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes  # noqa: E402
-from soagen.runtime import IndexRangeError, SoaRuntimeError  # noqa: E402
+from soagen.runtime import BindingError, IndexRangeError, SoaRuntimeError  # noqa: E402
 from soagen.serving import (  # noqa: E402
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -111,6 +113,88 @@ def _stop(process: subprocess.Popen[str], *, hard: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+class _HoldingProxy:
+    """A gRPC proxy on 127.0.0.1 in front of a server: every call is forwarded as it is (bytes and
+    metadata), except that the next `hold` `ModelInfer` calls, then the next `gather`, are held: a
+    held call waits until its caller gives up (its deadline) or `release` is set (by the test, or
+    by the last of the `gather` calls), and is then forwarded only if its caller still waits."""
+
+    def __init__(self, target: str, *, hold: int = 0, gather: int = 0) -> None:
+        import grpc
+
+        self.hold, self.gather = hold, gather
+        self.release = threading.Event()
+        self.arrived = threading.Condition()
+        self.infers: list[str] = []  # per ModelInfer: "forwarded" or "abandoned" (deadline)
+        self.held = 0  # ModelInfer calls waiting now
+        unlimited = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+        self._channel = grpc.insecure_channel(target, options=unlimited)
+        proxy = self
+
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, details: typing.Any) -> typing.Any:
+                method = details.method
+                return grpc.unary_unary_rpc_method_handler(
+                    lambda request, context: proxy._call(method, request, context)
+                )
+
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=64), options=unlimited)
+        self._server.add_generic_rpc_handlers((Handler(),))
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.url = f"127.0.0.1:{port}"
+
+    def _call(self, method: str, request: bytes, context: typing.Any) -> bytes:
+        import grpc
+
+        if method.endswith("/ModelInfer"):
+            ended = threading.Event()
+            if not context.add_callback(ended.set):  # the caller's deadline, or it went away
+                ended.set()
+            with self.arrived:
+                held = self.hold > 0 or self.gather > 0
+                if self.hold > 0:
+                    self.hold -= 1
+                elif self.gather > 0:
+                    self.gather -= 1
+                    if self.gather == 0:
+                        self.release.set()  # all gathered: they go on together
+                self.held += held
+                self.arrived.notify_all()
+            while held and not ended.is_set() and not self.release.is_set():
+                ended.wait(0.005)
+            with self.arrived:
+                self.held -= held
+                self.infers.append("forwarded" if context.is_active() else "abandoned")
+                self.arrived.notify_all()
+            if not context.is_active():
+                return b""
+        metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(":")]
+        try:
+            answer: bytes = self._channel.unary_unary(method)(
+                request, metadata=metadata, timeout=context.time_remaining()
+            )
+        except grpc.RpcError as error:
+            context.abort(error.code(), error.details())  # raises
+            raise
+        return answer
+
+    def wait_held(self, count: int, timeout: float = 30.0) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: self.held >= count, timeout), self.held
+
+    def outcomes(self, count: int, timeout: float = 30.0) -> list[str]:
+        """What became of the `ModelInfer` calls, once `count` were decided."""
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.infers) >= count, timeout)
+            return list(self.infers)
+
+    def close(self) -> None:
+        self.release.set()
+        self._server.stop(grace=None)
+        self._channel.close()
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +409,7 @@ def test_remote_arguments_are_checked_before_any_connection() -> None:
     for url in ("127.0.0.1", "http://127.0.0.1:8000", "", "host:port"):
         with pytest.raises(RemoteConfigurationError, match="url"):
             EdgeClassifier.remote(url)
-    with pytest.raises(SoaRuntimeError, match="index_bounds"):
+    with pytest.raises(BindingError, match="index_bounds: EdgeClassifier has no input 'nodes'"):
         EdgeClassifier.remote("127.0.0.1:1", index_bounds={"edge_index": "nodes"})
 
 
@@ -507,6 +591,9 @@ def test_concurrent_clients_are_batched_by_the_server(
     assert all(entry["allow_ragged_batch"] for entry in config["input"])
     before = remote.server_statistics()
     events = [_event(50 + k, 200 + 13 * k, 100 + k) for k in range(32)]
+    # The first request of every client is held until all are there, and then they go together:
+    # the server has them queued at once, however loaded this machine is.
+    proxy = _HoldingProxy(server.url, gather=len(events))
     outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(events))
@@ -514,7 +601,7 @@ def test_concurrent_clients_are_batched_by_the_server(
     def call(k: int) -> None:
         # A client of its own, as each reconstruction job has (its own channel and region).
         try:
-            with EdgeClassifier.remote(server.url, access_token=server.token) as own:
+            with EdgeClassifier.remote(proxy.url, access_token=server.token) as own:
                 barrier.wait()
                 nodes, edges = events[k]
                 for _ in range(2):
@@ -523,11 +610,15 @@ def test_concurrent_clients_are_batched_by_the_server(
             errors.append(error)
 
     threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        proxy.close()
     assert not errors, errors
+    assert proxy.outcomes(2 * len(events)) == ["forwarded"] * 2 * len(events)
     for (nodes, edges), out in zip(events, outs, strict=True):
         assert torch.equal(out.score, _expected(local, nodes, edges))
     after = remote.server_statistics()
@@ -568,16 +659,18 @@ def test_server_errors_name_the_url_and_leave_the_output_untouched(server: Serve
 def test_a_bad_event_fails_only_its_own_call(
     server: Served, local: EdgeClassifier, shared_memory: bool
 ) -> None:
-    # Concurrent events share executions (the server's queue delay is 20 ms): one bad event
-    # among them fails its own call, and every other call gets its results. The client's own
-    # index check is off, so that the bad event reaches the server.
+    # Concurrent events share executions (a proxy holds them until all are there, and the
+    # server's queue delay is 20 ms): one bad event among them fails its own call, and every
+    # other call gets its results. The client's own index check is off, so that the bad event
+    # reaches the server.
+    events = [_event(20 + k, 60 + 7 * k, 40 + k) for k in range(8)]
+    proxy = _HoldingProxy(server.url, gather=len(events))
     remote = EdgeClassifier.remote(
-        server.url,
+        proxy.url,
         shared_memory=shared_memory,
         access_token=server.token,
         index_bounds={"edge_index": None},
     )
-    events = [_event(20 + k, 60 + 7 * k, 40 + k) for k in range(8)]
     events[3][1].src[11] = 1000  # not a node
     outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
     for out in outs:
@@ -594,12 +687,16 @@ def test_a_bad_event_fails_only_its_own_call(
 
     before = remote.server_statistics()
     threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    after = remote.server_statistics()
-    remote.close()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        after = remote.server_statistics()
+        remote.close()
+    finally:
+        proxy.close()
+    assert proxy.outcomes(len(events)) == ["forwarded"] * len(events)
     assert list(raised) == [3], raised
     assert isinstance(raised[3], RemoteInferenceError)
     assert "IndexRangeError" in str(raised[3]) and "nothing was written" in str(raised[3])
@@ -669,17 +766,19 @@ def test_close_unregisters_and_removes_shared_memory(server: Served) -> None:
 
 @needs_triton
 def test_close_waits_for_the_calls_in_flight(server: Served, local: EdgeClassifier) -> None:
-    # A large event takes the server a few hundred ms: close() comes while it is in flight and
-    # returns after it, whose result is whole; before, close() tore its region down under it.
-    nodes, edges = _event(100_000, 1_000_000, 9)
-    expected = EdgeScores.allocate(1_000_000, zero=True)
+    # A proxy holds the request until close() has begun: close() returns only after the call,
+    # whose result is whole; before, close() tore its region down under it.
+    proxy = _HoldingProxy(server.url, hold=1)
+    nodes, edges = _event(1000, 5000, 9)
+    expected = EdgeScores.allocate(5000, zero=True)
     local(nodes, edges, out=expected)
-    out = EdgeScores.allocate(1_000_000, zero=True)
+    out = EdgeScores.allocate(5000, zero=True)
     remote = EdgeClassifier.remote(
-        server.url, shared_memory=True, access_token=server.token, timeout=60
+        proxy.url, shared_memory=True, access_token=server.token, timeout=60
     )
     finished: list[float] = []
     failures: list[BaseException] = []
+    closed: list[float] = []
 
     def call() -> None:
         try:
@@ -688,21 +787,74 @@ def test_close_waits_for_the_calls_in_flight(server: Served, local: EdgeClassifi
             failures.append(error)
         finished.append(time.monotonic())
 
-    worker = threading.Thread(target=call)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while remote.stats.attempts == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)  # the request is on its way
-    assert remote.stats.attempts == 1 and not finished
-    remote.close()
-    closed = time.monotonic()
-    worker.join()
+    def close() -> None:
+        remote.close()
+        closed.append(time.monotonic())
+
+    try:
+        worker = threading.Thread(target=call)
+        worker.start()
+        proxy.wait_held(1)  # the request is on its way, and stays there
+        assert remote.stats.attempts == 1 and not finished
+        closer = threading.Thread(target=close)
+        closer.start()
+        deadline = time.monotonic() + 30
+        while not remote._closed and time.monotonic() < deadline:
+            time.sleep(0.001)  # close() has begun: no call starts from here on
+        assert remote._closed and not closed and not finished
+        proxy.release.set()
+        worker.join(60)
+        closer.join(60)
+    finally:
+        proxy.close()
     assert not failures, failures
-    assert finished[0] <= closed
+    assert proxy.outcomes(1) == ["forwarded"]
+    assert finished[0] <= closed[0]
     assert torch.equal(out.score, expected.score)
     assert not list(Path("/dev/shm").glob(f"{remote._pool.prefix}*"))
     with pytest.raises(RemoteConfigurationError, match="closed"):
         remote(nodes, edges, out=out)
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["grpc", "shared-memory"])
+def test_a_stalled_request_hits_its_deadline_and_is_retried(
+    server: Served, local: EdgeClassifier, shared_memory: bool
+) -> None:
+    """A proxy holds requests past the client's deadline (DEADLINE_EXCEEDED, transient): the
+    call is sent again and succeeds; when every attempt stalls, it raises RemoteUnavailableError
+    and writes nothing."""
+    proxy = _HoldingProxy(server.url, hold=1)
+    nodes, edges = _event(30, 60, 8)
+    out = EdgeScores.allocate(60, zero=True)
+    try:
+        with EdgeClassifier.remote(
+            proxy.url,
+            timeout=1.5,
+            retries=1,
+            shared_memory=shared_memory,
+            access_token=server.token,
+        ) as remote:
+            remote(nodes, edges, out=out)
+            assert proxy.outcomes(2) == ["abandoned", "forwarded"]
+            assert (remote.stats.attempts, remote.stats.retries, remote.stats.writes) == (2, 1, 1)
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+
+            out.score.fill_(-1.0)
+            before = bytes(out.buffer.numpy())
+            proxy.hold = 2  # both attempts stall
+            url = proxy.url.replace(".", r"\.")
+            with pytest.raises(
+                RemoteUnavailableError,
+                match=rf"the Triton server at {url} did not answer \(2 attempts in \d+\.\d s, "
+                r"timeout 1\.5 s each\): Deadline Exceeded; nothing was written",
+            ):
+                remote(nodes, edges, out=out)
+            assert proxy.outcomes(4) == ["abandoned", "forwarded", "abandoned", "abandoned"]
+            assert (remote.stats.attempts, remote.stats.retries, remote.stats.writes) == (4, 2, 1)
+            assert bytes(out.buffer.numpy()) == before
+    finally:
+        proxy.close()
 
 
 @needs_triton

@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -476,6 +477,80 @@ def test_traces_models_that_do_not_script(tmp_path: Path) -> None:
         *args, "--backend", "pytorch", "--naming", "forward", "-o", str(tmp_path / "r2")
     )
     assert status == 2 and "--naming forward needs" in stderr
+
+
+@pytest.mark.parametrize("conversion", ["script", "trace"])
+def test_a_torchscript_module_that_disagrees_is_refused_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conversion: str
+) -> None:
+    """A stand-in for a bad conversion (the scripted or traced module's scores off by 0.5): the
+    check against the eager model names the output and the difference, exits 1, and the folder
+    written before stays as it was, with no staging folder left."""
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "repo"
+    factory = FACTORY
+    if conversion == "trace":  # *args and a dict: torch.jit.script fails, so it is traced
+        dict_factory = tmp_path / "dict_model.py"
+        dict_factory.write_text(
+            "import torch\nfrom examples.gnn_model import build_model\n\n"
+            "class AsDict(torch.nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n        self.net = build_model()\n"
+            "    def forward(self, *inputs):\n"
+            "        return {'edge_scores': self.net(*inputs)}\n\n"
+            "def build():\n    return AsDict()\n"
+        )
+        factory = f"{dict_factory}:build"
+    args = ["triton", str(GNN), "--model", "EdgeClassifier", "--factory", factory]
+    status, _, stderr = run_cli(*args, "--backend", "pytorch", "-o", str(out))
+    assert status == 0, stderr
+    folder = out / "EdgeClassifier"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    # The stand-in is scripted, so it lives in a file of its own: TorchScript reads its source.
+    double = tmp_path / "off_by_half.py"
+    double.write_text(
+        "import torch\n\n"
+        "class OffByHalf(torch.nn.Module):\n"
+        "    def __init__(self, model):\n        super().__init__()\n        self.model = model\n\n"
+        "    def forward(self, x: torch.Tensor, index: torch.Tensor, features: torch.Tensor):\n"
+        "        return self.model(x, index, features) + 0.5\n\n"
+        "class TupleOffByHalf(OffByHalf):\n"
+        "    def forward(self, x: torch.Tensor, index: torch.Tensor, features: torch.Tensor):\n"
+        "        return tuple(value + 0.5 for value in self.model(x, index, features))\n"
+    )
+    spec = importlib.util.spec_from_file_location("off_by_half", double)
+    assert spec is not None and spec.loader is not None
+    doubles = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "off_by_half", doubles)
+    spec.loader.exec_module(doubles)
+
+    real_script, real_trace = torch.jit.script, torch.jit.trace
+    if conversion == "script":
+
+        def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            # torch.jit.script calls itself for what it compiles inside: only the model is wrapped.
+            if isinstance(obj, torch.nn.Module) and not isinstance(obj, doubles.OffByHalf):
+                obj = doubles.OffByHalf(obj)
+            return real_script(obj, *args, **kwargs)
+
+        monkeypatch.setattr(torch.jit, "script", script)
+    else:
+        monkeypatch.setattr(
+            torch.jit,
+            "trace",
+            lambda model, example: real_trace(doubles.TupleOffByHalf(model), example),
+        )
+    status, _, stderr = run_cli(*args, "--backend", "pytorch", "-o", str(out))
+    what = "the scripted model" if conversion == "script" else r"the traced model \(.*\)"
+    assert status == 1, stderr
+    assert re.search(
+        rf"^soagen: error: {what} disagrees with the eager model on output 'edge_scores' for "
+        r"Nodes n=\d+, Edges n=\d+: \d+ of \d+ values differ .*; largest difference 0\.5;",
+        stderr,
+        re.MULTILINE,
+    ), stderr
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in out.iterdir()) == ["EdgeClassifier"]  # no staging left
 
 
 # The Python-backend model in-process, with a stand-in for Triton's pb_utils.

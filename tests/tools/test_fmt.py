@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from soagen.dsl.parser import _lark, parse
-from soagen.tools.fmt import format_source
+from soagen.tools.fmt import FormatBug, _Printer, format_source
 from tests.helpers import REPO, run_cli
 
 CORPUS = sorted(
@@ -282,6 +282,26 @@ def test_cli_check_diff_write(in_tmp: Path) -> None:
     assert run_cli("fmt", "--check", "schemas")[0] == 0
     assert run_cli("fmt", "-w", "schemas")[0] == 0
     assert clean.stat().st_mtime_ns == mtime  # formatted files are not rewritten
+
+
+def test_printer_losing_a_comment_is_refused_and_nothing_is_written(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A printer bug: every standalone comment is dropped. The check must refuse the result.
+    monkeypatch.setattr(_Printer, "comments", lambda self, comments, indent, top: None)
+    with pytest.raises(FormatBug, match=r"^lossy\.soa: formatting would change the schema"):
+        format_source(MESSY, "lossy.soa")
+
+    lossy = in_tmp / "lossy.soa"
+    lossy.write_bytes(MESSY.encode())
+    ugly = in_tmp / "ugly.soa"
+    ugly.write_text("layout A{column float32 x}")  # no comment: the bug does not touch it
+    status, out, err = run_cli("fmt", "-w", "lossy.soa", "ugly.soa")
+    assert status == 1, err
+    assert "soagen: internal error: lossy.soa: formatting would change the schema" in err
+    assert "formatted ugly.soa" in err and "formatted lossy.soa" not in err
+    assert lossy.read_bytes() == MESSY.encode()  # byte-identical: the refused text is not written
+    assert ugly.read_text() == "layout A {\n    column float32 x\n}\n"
 
 
 def test_cli_syntax_error_names_the_place(in_tmp: Path) -> None:
