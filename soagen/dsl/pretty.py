@@ -8,39 +8,15 @@ from __future__ import annotations
 
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, SchemaFile
 from soagen.dsl.layout import (
-    Linear,
-    Stride,
-    ViewForm,
     block_axes,
     block_view,
     byte_size,
+    linear_text,
     member_offsets,
+    view_text,
 )
 
 INDENT = "    "
-
-
-def linear_text(form: Linear) -> str:
-    parts = [f"pitch_{s}" if c == 1 else f"{c} * pitch_{s}" for s, c in form.terms]
-    if form.constant or not parts:
-        parts.append(str(form.constant))
-    return " + ".join(parts)
-
-
-def stride_text(stride: Stride) -> str:
-    parts = []
-    if stride.coefficient:
-        name = f"stride_{stride.itemsize}"
-        parts.append(name if stride.coefficient == 1 else f"{stride.coefficient} * {name}")
-    if stride.constant or not parts:
-        parts.append(str(stride.constant))
-    return " + ".join(parts)
-
-
-def view_text(form: ViewForm) -> str:
-    shape = ", ".join("n" if extent is None else str(extent) for extent in form.shape)
-    strides = ", ".join(stride_text(stride) for stride in form.strides)
-    return f"shape [{shape}], strides [{strides}], offset {linear_text(form.offset)}"
 
 
 def _doc(doc: str | None, indent: str) -> list[str]:
