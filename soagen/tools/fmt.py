@@ -20,18 +20,30 @@ The style, not configurable:
 
 The result is checked before it is returned: it must parse to the same IR (spans aside) with the
 same comments, so a formatter bug can never change what a schema means.
+
+`schema_text` prints an IR (for `soagen show --ir`, with its symbolic layout as trailing comments)
+by writing plain statements and formatting them here: all .soa text soagen writes has this one style.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from lark import Token
 from lark.exceptions import LarkError
 
 from soagen.dsl.diagnostics import Diagnostic, Span
+from soagen.dsl.ir import Axis, Binding, Layout, Model, SchemaFile
+from soagen.dsl.layout import (
+    block_axes,
+    block_view,
+    byte_size,
+    linear_text,
+    member_offsets,
+    view_text,
+)
 from soagen.dsl.parser import MAX_DIGITS, _lark, parse
 
 INDENT = "    "
@@ -393,3 +405,84 @@ def format_source(text: str, path: str) -> tuple[str | None, list[Diagnostic]]:
     if again is None or without_spans(again) != without_spans(schema_file) or not same_comments:
         raise FormatBug(f"{path}: formatting would change the schema; please report this")
     return formatted, []
+
+
+# --- the IR as text -----------------------------------------------------------------------------
+
+
+def with_defaults(schema_file: SchemaFile, layouts: Mapping[str, Layout]) -> SchemaFile:
+    """A checked file with what it left to defaults written out: each layout's `align` and each
+    binding's `as [...]` (placed at the layout's and the binding's name). `layouts` holds every
+    layout the file's models may name."""
+
+    def layout(item: Layout) -> Layout:
+        if item.align_statements:
+            return item
+        return dataclasses.replace(item, align_statements=((item.align, item.span),))
+
+    def binding(item: Binding) -> Binding:
+        if item.axes is not None:
+            return item
+        first = layouts[item.layout_name].member(item.member_names[0])
+        assert first is not None, "with_defaults expects a checked file"
+        axes = tuple(Axis(text, item.span) for text in block_axes(item, first))
+        return dataclasses.replace(item, axes=axes, axes_span=item.span)
+
+    def model(item: Model) -> Model:
+        return dataclasses.replace(item, bindings=tuple(binding(b) for b in item.bindings))
+
+    return dataclasses.replace(
+        schema_file,
+        layouts=tuple(layout(item) for item in schema_file.layouts),
+        models=tuple(model(item) for item in schema_file.models),
+    )
+
+
+def _doc_lines(doc: str | None, marker: str = "///") -> list[str]:
+    return [f"{marker} {line}" if line else marker for line in doc.split("\n")] if doc else []
+
+
+def _layout_lines(layout: Layout, symbolic: bool) -> list[str]:
+    offsets = member_offsets(layout) if symbolic else {}
+    size = f"  // {linear_text(byte_size(layout))} bytes" if symbolic else ""
+    lines = [*_doc_lines(layout.doc), f"layout {layout.name} {{{size}"]
+    lines += [f"align {value}" for value, _ in layout.align_statements]
+    for member in layout.members:
+        shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
+        at = f"  // at {linear_text(offsets[member.name])}" if symbolic else ""
+        lines += _doc_lines(member.doc)
+        lines.append(f"{member.kind.value} {member.dtype_name}{shape} {member.name}{at}")
+    return [*lines, "}"]
+
+
+def _binding_line(binding: Binding, layouts: Mapping[str, Layout] | None) -> str:
+    members = ", ".join(binding.member_names)
+    text = f"{binding.direction.value} {binding.name} = {binding.layout_name}{{{members}}}"
+    if binding.axes is not None:
+        text += f" as [{', '.join(axis.text for axis in binding.axes)}]"
+    text += binding.trailing_clauses
+    if layouts is not None:
+        text += f"  // {view_text(block_view(layouts[binding.layout_name], binding))}"
+    return text
+
+
+def schema_text(schema_file: SchemaFile, layouts: Mapping[str, Layout] | None = None) -> str:
+    """The IR as .soa text in fmt's one style: it parses back to the same IR, spans aside.
+
+    With `layouts` (the file checked, and every layout its models may name), each layout, member
+    and binding has a trailing comment with its symbolic size, offset or view: `soagen show --ir`.
+    """
+    symbolic = layouts is not None
+    lines = _doc_lines(schema_file.doc, "//!")
+    lines += [f'import "{item.target}"' for item in schema_file.imports]
+    for layout in schema_file.layouts:
+        lines += _layout_lines(layout, symbolic)
+    for model in schema_file.models:
+        lines += [*_doc_lines(model.doc), f"model {model.name} {{"]
+        for binding in model.bindings:
+            lines += [*_doc_lines(binding.doc), _binding_line(binding, layouts)]
+        lines.append("}")
+    formatted, problems = format_source("".join(line + "\n" for line in lines), schema_file.path)
+    if formatted is None:  # pragma: no cover - only a bug of this printer gets here
+        raise FormatBug(f"{schema_file.path}: the IR printed as text does not parse: {problems}")
+    return formatted
