@@ -44,7 +44,7 @@ from soagen.dsl.layout import (
     member_offsets,
     view_text,
 )
-from soagen.dsl.parser import MAX_DIGITS, _lark, parse
+from soagen.dsl.parser import MAX_DIGITS, _lark, keywords, parse
 
 INDENT = "    "
 CONTINUATION = INDENT * 2
@@ -209,21 +209,24 @@ class _Reader:
         names = [token.text for token, _ in pieces[5:-1] if token.text != ","]
         block = f"{layout.text}{{{', '.join(names)}}}"
         has_axes = (token := self.peek()) is not None and token.text == "as"
-        if has_axes:
-            pieces.append((self.take(), " "))
-            list_pieces = self.bracketed("]")
-            list_pieces[0] = (list_pieces[0][0], " ")
-            pieces += list_pieces
-        if (token := self.peek()) is not None and token.text == "indexes":
-            pieces += [(self.take(), " "), (self.take(), " ")]
-        if (token := self.peek()) is not None and token.text == "same":
-            pieces += [(self.take(), " ") for _ in range(4)]  # same n as NAME
-        if (token := self.peek()) is not None and token.text == "whole":
-            pieces.append((self.take(), " "))
-        if (token := self.peek()) is not None and token.type == "CONTIGUOUS":
-            pieces.append((self.take(), " "))
+        # The clauses after the block (`as [n, c] indexes NAME same n as NAME whole contiguous`),
+        # whichever the grammar has: words one space apart, up to the next binding, its docs or `}`
+        # (no clause word is `input` or `output`: the grammar keeps them out of its names).
+        while (token := self.peek()) is not None and not (
+            token.text == "}" or token.type == "DOC_COMMENT" or _starts_binding(token)
+        ):
+            if token.text == "[":
+                list_pieces = self.bracketed("]")
+                pieces += [(list_pieces[0][0], " "), *list_pieces[1:]]
+            else:
+                pieces.append((self.take(), " "))
         columns = (direction.text, name.text, block)
         return _Statement("binding", docs, pieces, columns, has_axes)
+
+
+def _starts_binding(token: _Tok) -> bool:
+    # The lexer alone reads `input` as a name; the grammar's keyword table knows it is a direction.
+    return keywords().get(token.text) == "DIRECTION"
 
 
 # --- printing -----------------------------------------------------------------------------------
