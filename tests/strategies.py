@@ -27,14 +27,13 @@ from hypothesis import strategies as st
 
 from soagen.dsl.check import CLASS_BODY_BUILTINS, MODULE_BUILTINS
 from soagen.dsl.names import COLLECTION_ATTRIBUTES
+from soagen.dsl.parser import keywords
 from tests.dsl.test_layout_reference import SIZES, RefMember, adjacent_alike_run, axis_orders
 
 DTYPES = sorted(SIZES)
 # Every alignment the checker accepts (powers of two up to 2**20), the largest ones rarer.
 ALIGNMENTS = [1 << k for k in range(13)] + [1 << 16, 1 << 20]
-SOA_KEYWORDS = frozenset(
-    {"import", "layout", "model", "align", "column", "scalar", "as", "input", "output"}
-)
+SOA_KEYWORDS = frozenset(keywords())
 # Valid names that the generated module, its runtime or Python also use somewhere.
 TRICKY_NAMES = [
     "n", "c", "self", "cls", "out", "stream", "batch_size", "pitch_4", "stride_8", "pitch_1",

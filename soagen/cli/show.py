@@ -109,9 +109,9 @@ def run(args: argparse.Namespace, output: Output) -> int:
     if schema is None:
         return EXIT_PROBLEMS
     if args.ir:
-        from soagen.dsl.pretty import pretty
+        from soagen.tools.fmt import schema_text, with_defaults
 
-        texts = {f.path: pretty(f) for f in schema.files}
+        texts = {f.path: schema_text(with_defaults(f), symbolic=True) for f in schema.files}
         if output.format == "json":
             print(json.dumps(texts, indent=2))
         else:

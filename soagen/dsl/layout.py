@@ -74,6 +74,15 @@ class Linear:
 ZERO = Linear((), 0)
 
 
+def linear_text(form: Linear) -> str:
+    """The form as an expression over `pitch_<itemsize>` names: `14 * pitch_4 + 128`. The generated
+    code defines those names; `soagen show --ir` prints the same text as comments."""
+    parts = [f"pitch_{s}" if c == 1 else f"{c} * pitch_{s}" for s, c in form.terms]
+    if form.constant or not parts:
+        parts.append(str(form.constant))
+    return " + ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Stride:
     """A stride in elements: `coefficient * column_pitch(itemsize) / itemsize + constant`.
@@ -93,6 +102,17 @@ class Stride:
         )
 
 
+def stride_text(stride: Stride) -> str:
+    """The stride as an expression over `stride_<itemsize>` names (a column pitch in elements)."""
+    parts = []
+    if stride.coefficient:
+        name = f"stride_{stride.itemsize}"
+        parts.append(name if stride.coefficient == 1 else f"{stride.coefficient} * {name}")
+    if stride.constant or not parts:
+        parts.append(str(stride.constant))
+    return " + ".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class ViewForm:
     """A tensor view of the buffer, symbolic in n: the generated code prints it, `show` evaluates it."""
@@ -106,6 +126,13 @@ class ViewForm:
         shape = tuple(n if extent is None else extent for extent in self.shape)
         strides = tuple(stride.evaluate(n, align) for stride in self.strides)
         return shape, strides, self.offset.evaluate(n, align)
+
+
+def view_text(form: ViewForm) -> str:
+    """`shape [n, 3], strides [1, stride_4], offset pitch_4`: the view in symbolic form."""
+    shape = ", ".join("n" if extent is None else str(extent) for extent in form.shape)
+    strides = ", ".join(stride_text(stride) for stride in form.strides)
+    return f"shape [{shape}], strides [{strides}], offset {linear_text(form.offset)}"
 
 
 def member_pitch(member: Member, align: int) -> Linear:

@@ -6,10 +6,12 @@ Syntax errors come back as diagnostics (code SOA001) saying what was found and w
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
 
 from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.ir import (
@@ -25,12 +27,12 @@ from soagen.dsl.ir import (
     SchemaFile,
 )
 
-# How the grammar's terminals read in an error message.
+# How the grammar's terminals read in an error message; a keyword's terminal reads as its words
+# (`terminal_words`).
 TERMINAL_WORDS: dict[str, str] = {
     "NAME": "a name",
     "STRING": 'a quoted path ("other.soa")',
     "SIGNED_INT": "a number",
-    "DIRECTION": "`input` or `output`",
     "LBRACE": "`{`",
     "RBRACE": "`}`",
     "LSQB": "`[`",
@@ -39,20 +41,9 @@ TERMINAL_WORDS: dict[str, str] = {
     "EQUAL": "`=`",
     "DOC_COMMENT": "a `///` doc comment",
     "MODULE_DOC": "a `//!` doc comment",
-    "IMPORT": "`import`",
-    "LAYOUT": "`layout`",
-    "MODEL": "`model`",
-    "ALIGN": "`align`",
-    "COLUMN": "`column`",
-    "SCALAR": "`scalar`",
-    "AS": "`as`",
-    "INDEXES": "`indexes`",
     "INDEXED_NAME": "the name of the input it indexes",
-    "SAME": "`same`",
     "_SAME_N": "`n`",
     "SHARED_NAME": "the name of the input whose element count it shares",
-    "WHOLE": "`whole`",
-    "CONTIGUOUS": "`contiguous`",
     "$END": "the end of the file",
 }
 
@@ -63,8 +54,41 @@ def _lark() -> Lark:
     return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 
+# A terminal that is a keyword: a string literal that reads as a name (`"contiguous"`), or an
+# alternation of such literals (`DIRECTION: "input" | "output"`, which Lark joins as `(?:input|output)`).
+_LITERAL_ALTERNATION = re.compile(r"\(\?:(\w+(?:\|\w+)*)\)")
+
+
+@functools.cache
+def keywords() -> dict[str, str]:
+    """Every keyword of the language and the grammar terminal that reads it (`"indexes"`:
+    `"INDEXES"`, `"input"`: `"DIRECTION"`), taken from the grammar itself, so a keyword added to
+    `grammar.lark` gets its "did you mean" with no list here to update."""
+    table: dict[str, str] = {}
+    for terminal in _lark().terminals:
+        pattern = terminal.pattern
+        if isinstance(pattern, PatternStr):
+            words = [pattern.value]
+        elif (match := _LITERAL_ALTERNATION.fullmatch(pattern.value)) is not None:
+            words = match.group(1).split("|")
+        else:
+            continue
+        table.update((word, terminal.name) for word in words if word.isidentifier())
+    return dict(sorted(table.items()))
+
+
+@functools.cache
+def terminal_words() -> dict[str, str]:
+    """`TERMINAL_WORDS` with every keyword terminal: `"DIRECTION"`: "`input` or `output`"."""
+    spelled: dict[str, list[str]] = {}
+    for word, terminal in keywords().items():
+        spelled.setdefault(terminal, []).append(f"`{word}`")
+    return {**TERMINAL_WORDS, **{t: " or ".join(words) for t, words in spelled.items()}}
+
+
 def _expected_words(expected: set[str]) -> str:
-    words = sorted({TERMINAL_WORDS.get(name, name) for name in expected if name not in _SILENT})
+    names = terminal_words()
+    words = sorted({names.get(name, name) for name in expected if name not in _SILENT})
     if not words:
         return ""
     if len(words) == 1:
@@ -177,22 +201,6 @@ def _dangling_doc(doc: Token, found: Token, path: str) -> Diagnostic:
     )
 
 
-_KEYWORDS = {
-    "import",
-    "layout",
-    "model",
-    "align",
-    "column",
-    "scalar",
-    "as",
-    "input",
-    "output",
-    "indexes",
-    "same",
-    "whole",
-    "contiguous",
-}
-
 # Words that may follow a binding's block; written out of order they get the order as a hint.
 _CLAUSE_TOKENS = {"AS", "INDEXES", "SAME", "WHOLE", "CONTIGUOUS"}
 _CLAUSE_ORDER = (
@@ -202,12 +210,11 @@ _CLAUSE_ORDER = (
 
 
 def _syntax_hint(token: Token, expected: set[str]) -> str | None:
-    if "NAME" in expected and str(token) in _KEYWORDS:
+    if "NAME" in expected and str(token) in keywords():
         return f"`{token}` is a keyword of the .soa language; choose another name"
     if token.type in ("NAME", "INDEXED_NAME"):
-        keywords = [word for word in sorted(_KEYWORDS) if word.upper() in expected]
-        keywords += ["input", "output"] if "DIRECTION" in expected else []
-        hint = did_you_mean(str(token), keywords)
+        words = [word for word, terminal in keywords().items() if terminal in expected]
+        hint = did_you_mean(str(token), words)
         if hint is not None:
             return hint
     if token.type == "$END" and "RBRACE" in expected:

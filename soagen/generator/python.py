@@ -21,11 +21,12 @@ from soagen.dsl.layout import (
     block_view,
     byte_size,
     layout_key,
+    linear_text,
     member_offsets,
     member_view,
+    stride_text,
 )
 from soagen.dsl.names import to_snake_case
-from soagen.dsl.pretty import linear_text, stride_text
 from soagen.generator.pyformat import (
     INDENT,
     Call,

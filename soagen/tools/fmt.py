@@ -20,6 +20,9 @@ The style, not configurable:
 
 The result is checked before it is returned: it must parse to the same IR (spans aside) with the
 same comments, so a formatter bug can never change what a schema means.
+
+`schema_text` prints an IR (for `soagen show --ir`, with its symbolic layout as trailing comments)
+by writing plain statements and formatting them here: all .soa text soagen writes has this one style.
 """
 
 from __future__ import annotations
@@ -32,7 +35,15 @@ from lark import Token
 from lark.exceptions import LarkError
 
 from soagen.dsl.diagnostics import Diagnostic, Span
-from soagen.dsl.parser import MAX_DIGITS, _lark, parse
+from soagen.dsl.ir import Axis, Binding, Layout, Model, SchemaFile
+from soagen.dsl.layout import (
+    block_view,
+    byte_size,
+    linear_text,
+    member_offsets,
+    view_text,
+)
+from soagen.dsl.parser import MAX_DIGITS, _lark, keywords, parse
 
 INDENT = "    "
 CONTINUATION = INDENT * 2
@@ -197,21 +208,24 @@ class _Reader:
         names = [token.text for token, _ in pieces[5:-1] if token.text != ","]
         block = f"{layout.text}{{{', '.join(names)}}}"
         has_axes = (token := self.peek()) is not None and token.text == "as"
-        if has_axes:
-            pieces.append((self.take(), " "))
-            list_pieces = self.bracketed("]")
-            list_pieces[0] = (list_pieces[0][0], " ")
-            pieces += list_pieces
-        if (token := self.peek()) is not None and token.text == "indexes":
-            pieces += [(self.take(), " "), (self.take(), " ")]
-        if (token := self.peek()) is not None and token.text == "same":
-            pieces += [(self.take(), " ") for _ in range(4)]  # same n as NAME
-        if (token := self.peek()) is not None and token.text == "whole":
-            pieces.append((self.take(), " "))
-        if (token := self.peek()) is not None and token.type == "CONTIGUOUS":
-            pieces.append((self.take(), " "))
+        # The clauses after the block (`as [n, c] indexes NAME same n as NAME whole contiguous`),
+        # whichever the grammar has: words one space apart, up to the next binding, its docs or `}`
+        # (no clause word is `input` or `output`: the grammar keeps them out of its names).
+        while (token := self.peek()) is not None and not (
+            token.text == "}" or token.type == "DOC_COMMENT" or _starts_binding(token)
+        ):
+            if token.text == "[":
+                list_pieces = self.bracketed("]")
+                pieces += [(list_pieces[0][0], " "), *list_pieces[1:]]
+            else:
+                pieces.append((self.take(), " "))
         columns = (direction.text, name.text, block)
         return _Statement("binding", docs, pieces, columns, has_axes)
+
+
+def _starts_binding(token: _Tok) -> bool:
+    # The lexer alone reads `input` as a name; the grammar's keyword table knows it is a direction.
+    return keywords().get(token.text) == "DIRECTION"
 
 
 # --- printing -----------------------------------------------------------------------------------
@@ -354,7 +368,8 @@ def _print(tokens: list[_Tok], trailing: list[_Comment]) -> str:
 
 
 def without_spans(value: object) -> object:
-    """IR with every `Span` left out: what a schema means, not where it was written."""
+    """IR with every `Span` left out: what a schema means, not where it was written. Fields left
+    out of equality (what the checker resolved) are left out too."""
     if isinstance(value, Span):
         return None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -363,6 +378,7 @@ def without_spans(value: object) -> object:
             tuple(
                 (item.name, without_spans(getattr(value, item.name)))
                 for item in dataclasses.fields(value)
+                if item.compare
             ),
         )
     if isinstance(value, tuple | list):
@@ -393,3 +409,80 @@ def format_source(text: str, path: str) -> tuple[str | None, list[Diagnostic]]:
     if again is None or without_spans(again) != without_spans(schema_file) or not same_comments:
         raise FormatBug(f"{path}: formatting would change the schema; please report this")
     return formatted, []
+
+
+# --- the IR as text -----------------------------------------------------------------------------
+
+
+def with_defaults(schema_file: SchemaFile) -> SchemaFile:
+    """A checked, resolved file with what it left to defaults written out: each layout's `align`
+    and each binding's `as [...]` (placed at the layout's and the binding's name)."""
+
+    def layout(item: Layout) -> Layout:
+        if item.align_statements:
+            return item
+        return dataclasses.replace(item, align_statements=((item.align, item.span),))
+
+    def binding(item: Binding) -> Binding:
+        if item.axes is not None:
+            return item
+        axes = tuple(Axis(text, item.span) for text in item.axis_names)
+        return dataclasses.replace(item, axes=axes, axes_span=item.span)
+
+    def model(item: Model) -> Model:
+        return dataclasses.replace(item, bindings=tuple(binding(b) for b in item.bindings))
+
+    return dataclasses.replace(
+        schema_file,
+        layouts=tuple(layout(item) for item in schema_file.layouts),
+        models=tuple(model(item) for item in schema_file.models),
+    )
+
+
+def _doc_lines(doc: str | None, marker: str = "///") -> list[str]:
+    return [f"{marker} {line}" if line else marker for line in doc.split("\n")] if doc else []
+
+
+def _layout_lines(layout: Layout, symbolic: bool) -> list[str]:
+    offsets = member_offsets(layout) if symbolic else {}
+    size = f"  // {linear_text(byte_size(layout))} bytes" if symbolic else ""
+    lines = [*_doc_lines(layout.doc), f"layout {layout.name} {{{size}"]
+    lines += [f"align {value}" for value, _ in layout.align_statements]
+    for member in layout.members:
+        shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
+        at = f"  // at {linear_text(offsets[member.name])}" if symbolic else ""
+        lines += _doc_lines(member.doc)
+        lines.append(f"{member.kind.value} {member.dtype_name}{shape} {member.name}{at}")
+    return [*lines, "}"]
+
+
+def _binding_line(binding: Binding, symbolic: bool) -> str:
+    members = ", ".join(binding.member_names)
+    text = f"{binding.direction.value} {binding.name} = {binding.layout_name}{{{members}}}"
+    if binding.axes is not None:
+        text += f" as [{', '.join(axis.text for axis in binding.axes)}]"
+    text += binding.trailing_clauses
+    if symbolic:
+        text += f"  // {view_text(block_view(binding))}"
+    return text
+
+
+def schema_text(schema_file: SchemaFile, *, symbolic: bool = False) -> str:
+    """The IR as .soa text in fmt's one style: it parses back to the same IR, spans aside.
+
+    With `symbolic` (a checked, resolved file), each layout, member and binding has a trailing
+    comment with its symbolic size, offset or view: `soagen show --ir`.
+    """
+    lines = _doc_lines(schema_file.doc, "//!")
+    lines += [f'import "{item.target}"' for item in schema_file.imports]
+    for layout in schema_file.layouts:
+        lines += _layout_lines(layout, symbolic)
+    for model in schema_file.models:
+        lines += [*_doc_lines(model.doc), f"model {model.name} {{"]
+        for binding in model.bindings:
+            lines += [*_doc_lines(binding.doc), _binding_line(binding, symbolic)]
+        lines.append("}")
+    formatted, problems = format_source("".join(line + "\n" for line in lines), schema_file.path)
+    if formatted is None:  # pragma: no cover - only a bug of this printer gets here
+        raise FormatBug(f"{schema_file.path}: the IR printed as text does not parse: {problems}")
+    return formatted

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from soagen.dsl.codes import ERROR, of_kind
 from soagen.dsl.diagnostics import Diagnostic, render_text
 from soagen.dsl.loader import LoadResult, load
+from soagen.dsl.parser import keywords
 from soagen.generator.python import generate
+from tests.helpers import REPO
 
 MARK = "\u2038"  # ‸
 CODES = {code.id: code for code in of_kind(ERROR)}
@@ -517,6 +519,14 @@ CASES = [
     ),
     (
         "SOA001",
+        "layout N {\n    column int32 x, y\n}\n"
+        "model M {\n    input p = N{x} as [n] \u2038indexs q\n    input q = N{y}\n"
+        "    output o = N{y}\n}\n",
+        ["unexpected `indexs`", "`indexes`"],
+        ["did you mean `indexes`?"],
+    ),
+    (
+        "SOA001",
         "layout N {\n    column float32 x, y\n}\n"
         "model M {\n    input p = N{x} as [n] \u2038wole\n    output y = N{y}\n}\n",
         ["unexpected `wole`", "`whole`"],
@@ -645,6 +655,16 @@ def test_diagnostic(
     for word in hint_words:
         assert diagnostic.hint is not None and word in diagnostic.hint, diagnostic.hint
     assert diagnostic.span.path.endswith("schema.soa")
+
+
+def test_keywords_are_the_grammars_own_words() -> None:
+    """Every quoted word of grammar.lark is a keyword the parser's hints know, with its terminal."""
+    grammar = (REPO / "soagen" / "dsl" / "grammar.lark").read_text(encoding="utf-8")
+    code = "\n".join(line for line in grammar.splitlines() if not line.lstrip().startswith("//"))
+    words = set(re.findall(r'"([^\W\d]\w*)"', code))
+    assert {"indexes", "contiguous", "same", "whole", "input", "output"} <= words
+    assert set(keywords()) == words
+    assert keywords()["contiguous"] == "CONTIGUOUS" and keywords()["output"] == "DIRECTION"
 
 
 def test_every_code_is_covered() -> None:
