@@ -3,4 +3,4 @@
 The package root imports nothing heavy: the generator and linter run without torch or numpy.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
