@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 from soagen.dsl.dtypes import DTYPES
 from soagen.runtime import BlockSpec, Collection, MemberSpec
+from tests.dsl.test_layout_reference import SIZES
 from tests.helpers import REPO
 
 # Every dtype, array columns of ranks 1-3, scalars (alone and in blocks) and blocks in several axis
@@ -78,22 +79,8 @@ def round_up(size: int, align: int) -> int:
 
 
 # The oracle's own facts, taken neither from soagen nor from the generated code: item sizes in
-# bytes written out here, and the members of each layout read from the schema text.
-ITEM_SIZES = {
-    "bool": 1,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-}
+# bytes written out in a test, and the members of each layout read from the schema text.
+ITEM_SIZES = SIZES  # tests/dsl/test_layout_reference.py's table, written out there
 DEFAULT_ALIGN = 128  # CMSSW's, and the schema language's, when a layout has no `align`
 
 
