@@ -272,6 +272,47 @@ def test_a_compiled_graph_that_disagrees_with_eager_is_refused(gnn) -> None:  # 
     assert not scores.score.any()
 
 
+# Runs of every graph `_wrong_the_first_time` made, across graphs.
+_RUNS: list[int] = []
+
+
+def _wrong_the_first_time(graph: torch.fx.GraphModule, _: object) -> object:
+    """A backend whose graphs are off by one on the first run of any of them only: as a
+    miscompiled graph that a second run no longer reaches (Dynamo past its recompile limit runs
+    the frame eagerly)."""
+
+    def run(*arguments: object) -> object:
+        results = graph(*arguments)
+        _RUNS.append(1)
+        if len(_RUNS) > 1:
+            return results
+        return type(results)(
+            r + 1 if isinstance(r, torch.Tensor) and r.is_floating_point() else r for r in results
+        )
+
+    return run
+
+
+def test_a_disagreement_is_never_explained_away_by_running_the_compiled_model_again(gnn) -> None:  # type: ignore[no-untyped-def]
+    """Telling a model that writes its inputs from a miscompile reads the inputs' bytes around
+    the eager run; it never calls the compiled model again, which may not run the same graph."""
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime import CompiledModelMismatchError
+    from soagen.runtime.backends import CompileBackend
+
+    net = gnn[0]
+    _RUNS.clear()
+    backend = CompileBackend(
+        type("WrongOnce", (type(net),), {})(),
+        {"backend": _wrong_the_first_time},
+        binding=EdgeClassifier,
+    )
+    backend.module.load_state_dict(net.state_dict())
+    model = EdgeClassifier(backend)
+    with pytest.raises(CompiledModelMismatchError, match="edge_scores"):
+        _run(model, gnn)
+
+
 def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
     from soagen.runtime.backends import CompileBackend
