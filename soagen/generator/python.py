@@ -403,7 +403,7 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
     output layouts, so a type checker catches a collection passed in the wrong place."""
     body = INDENT * 2
     # Class names the module defines or imports must stay visible in the annotations.
-    taken = set(schema.layouts) | {m.name for f in schema.files for m in f.models}
+    taken = set(schema.layouts) | set(schema.models)
     inputs = list(
         dict.fromkeys(b.layout_name for b in model.bindings if b.direction.value == "input")
     )

@@ -92,11 +92,10 @@ def _check_available(parsed: torch.device, name: str, given: object) -> None:
     if not callable(is_available):
         return  # no way to ask ahead: `allocate` turns torch's refusal into a DeviceError
     try:
-        count = int(device_count()) if callable(device_count) else int(bool(is_available()))
         available = bool(is_available())
+        count = (int(device_count()) if callable(device_count) else 1) if available else 0
     except Exception:  # a backend that cannot even say (a broken driver): none usable
-        count, available = 0, False
-    count = count if available else 0
+        count = 0
     if not count or (parsed.index is not None and parsed.index >= count):
         built = f" (CUDA {torch.version.cuda or 'not built in'})" if parsed.type == "cuda" else ""
         raise DeviceError(

@@ -19,7 +19,7 @@ Nothing here imports torch or numpy.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from soagen.dsl.codes import CATEGORIES as CODE_CATEGORIES
 from soagen.dsl.codes import LINT, Code, of_kind
 from soagen.dsl.diagnostics import Diagnostic, Span, did_you_mean
 from soagen.dsl.dtypes import INTEGER_DTYPES
-from soagen.dsl.ir import DEFAULT_ALIGN, Binding, Layout, Member, MemberKind, SchemaFile
+from soagen.dsl.ir import DEFAULT_ALIGN, Binding, Member, MemberKind, SchemaFile
 from soagen.dsl.loader import load
 from soagen.dsl.names import is_python_keyword, to_pascal_case, to_snake_case
 from soagen.tools.config import Config, ConfigError, find_config
@@ -52,7 +52,6 @@ class FileContext:
     file: SchemaFile
     used_layouts: frozenset[str]
     options: LintOptions
-    layouts: Mapping[str, Layout]  # the file's own and imported layouts, by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,19 +131,19 @@ def _check_binding_names(context: FileContext, rule: Rule) -> Iterator[Diagnosti
                 )
 
 
-def _holds_integers(context: FileContext, binding: Binding) -> bool:
+def _holds_integers(binding: Binding) -> bool:
     return binding.first_member.dtype_name in INTEGER_DTYPES
 
 
 def _check_index_inputs(context: FileContext, rule: Rule) -> Iterator[Diagnostic]:
     for model in context.file.models:
         for binding in model.inputs:
-            if binding.indexes or not _holds_integers(context, binding):
+            if binding.indexes or not _holds_integers(binding):
                 continue
             # Suggest an input that holds no integers itself: what an index usually numbers.
             others = sorted(
                 (other for other in model.inputs if other.name != binding.name),
-                key=lambda other: _holds_integers(context, other),
+                key=_holds_integers,
             )
             yield rule.finding(
                 f"integer input `{model.name}.{binding.name}` does not say which input's elements "
@@ -463,7 +462,7 @@ def lint(
     report = LintReport()
     used = _layouts_bound_beside(paths)
     selections: dict[Path | None, Selection] = {}
-    checked: list[tuple[Path, SchemaFile, Mapping[str, Layout]]] = []
+    checked: list[tuple[Path, SchemaFile]] = []
     seen_files: set[str] = set()
     for path in paths:
         result = load(path)
@@ -477,15 +476,15 @@ def lint(
             used.update(binding.layout_name for binding in model.bindings)
         if result.schema.root.path not in seen_files:
             seen_files.add(result.schema.root.path)
-            checked.append((path, result.schema.root, result.schema.layouts))
+            checked.append((path, result.schema.root))
     findings: list[Diagnostic] = []
-    for path, schema_file, visible in checked:
+    for path, schema_file in checked:
         file_config = config if config is not None else find_config(path)
         selection = selections.get(file_config.path)
         if selection is None:
             selection = selection_from(file_config, select, ignore)
             selections[file_config.path] = selection
-        context = FileContext(schema_file, frozenset(used), selection.options, visible)
+        context = FileContext(schema_file, frozenset(used), selection.options)
         for rule in selection.rules_for(path):
             findings += rule.check(context, rule)
     report.files = len({path.resolve() for path in paths})
