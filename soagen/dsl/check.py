@@ -175,6 +175,16 @@ def _check_member_type(member: Member) -> list[Diagnostic]:
                 "scalars hold one value per collection; declare an array column instead",
             )
         )
+    elif member.packed and not member.shape:
+        problems.append(
+            Diagnostic(
+                "SOA205",
+                f"packed column `{member.name}` has no array shape",
+                member.dtype_span,
+                f"`packed` stores each element's array values together; write "
+                f"`column {member.dtype_name}[N] {member.name} packed`, or drop `packed`",
+            )
+        )
     elif any(extent <= 0 for extent in member.shape):
         problems.append(
             Diagnostic(
@@ -271,9 +281,14 @@ def _check_block(binding: Binding, layout: Layout) -> list[Diagnostic]:
             problems.append(
                 Diagnostic(
                     "SOA306",
-                    f"block mixes {first.kind.value} `{first.name}` and {member.kind.value} `{member.name}`",
+                    f"block mixes {first.kind.noun} `{first.name}` and {member.kind.noun} "
+                    f"`{member.name}`",
                     span,
-                    "a scalar broadcasts over elements and has its own pitch; bind scalars separately",
+                    "a scalar broadcasts over elements and has its own pitch; bind scalars separately"
+                    if MemberKind.SCALAR in (first.kind, member.kind)
+                    else "a packed column keeps each element's values together, an array column "
+                    "keeps each coefficient apart: one view cannot step over both; bind them "
+                    "separately",
                 )
             )
         elif member.dtype_name != first.dtype_name:

@@ -424,6 +424,25 @@ _ERRORS = (
         ),
     ),
     _error(
+        "SOA205",
+        "layout",
+        "a packed column has no array shape",
+        """
+        `packed` after a column statement stores each element's array values together in one
+        padded column (CMSSW's `SOA_COLUMN(edm::StdArray<T, N>, name)`), so the column needs an
+        array shape: `column uint16[10] adc packed`. A plain column holds one value per element
+        and has nothing to pack: drop `packed`, or give the column its shape.
+        """,
+        Example(
+            """
+            layout Digis { column uint16 adc packed }
+            """,
+            """
+            layout Digis { column uint16[10] adc packed }
+            """,
+        ),
+    ),
+    _error(
         "SOA301",
         "binding",
         "a block mixes dtypes",
@@ -541,12 +560,13 @@ _ERRORS = (
     _error(
         "SOA306",
         "binding",
-        "a block mixes columns and scalars",
+        "a block mixes member kinds: columns, packed columns, scalars",
         """
-        A block mixes columns and scalars. A column holds n values and its view steps through
-        them; a scalar holds one value per collection in its own padded slot, and its view
-        broadcasts that value over n (stride 0). The two cannot be one strided view. Bind the
-        scalars as a block of their own.
+        A block mixes columns and scalars, or packed and unpacked array columns. A column holds
+        n values and its view steps through them; a scalar holds one value per collection in
+        its own padded slot, and its view broadcasts that value over n (stride 0). A packed
+        column keeps each element's values together, an array column each coefficient in a
+        column of its own. No one strided view steps over two kinds: bind them separately.
         """,
         Example(
             """

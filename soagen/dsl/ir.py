@@ -23,8 +23,19 @@ DEFAULT_ALIGN = 128
 
 
 class MemberKind(str, Enum):
-    COLUMN = "column"
+    COLUMN = "column"  # one padded column per value: an array column stores each coefficient apart
+    PACKED = "packed"  # an array column whose element's values lie together in one padded column
     SCALAR = "scalar"
+
+    @property
+    def keyword(self) -> str:
+        """The statement that declares it: a packed column is a `column` with `packed` after it."""
+        return "scalar" if self is MemberKind.SCALAR else "column"
+
+    @property
+    def noun(self) -> str:
+        """What messages call it."""
+        return "packed column" if self is MemberKind.PACKED else self.value
 
 
 class Direction(str, Enum):
@@ -66,6 +77,17 @@ class Member:
     def coefficient_count(self) -> int:
         """Values per element: 1 for a plain column or scalar, prod(shape) for an array column."""
         return math.prod(self.shape)
+
+    @property
+    def packed(self) -> bool:
+        return self.kind is MemberKind.PACKED
+
+    @property
+    def statement_text(self) -> str:
+        """The member as canonical text declares it, alone: `column uint16[10] adc packed`."""
+        shape = f"[{', '.join(map(str, self.shape))}]" if self.shape else ""
+        packed = " packed" if self.packed else ""
+        return f"{self.kind.keyword} {self.dtype_name}{shape} {self.name}{packed}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 Every member starts where the previous one ends; with `round_up(s, A) = ceil(s / A) * A`:
 - a column of T takes `round_up(n * sizeof(T), A)` bytes (its pitch);
 - a scalar of T takes `round_up(sizeof(T), A)` bytes whatever n is;
-- an array column of k coefficients takes k column pitches, coefficient-major, in column-major order.
+- an array column of k coefficients takes k column pitches, coefficient-major, in column-major order;
+- a packed array column of k values takes one column pitch of k * sizeof(T) bytes per element
+  (CMSSW's `SOA_COLUMN(edm::StdArray<T, k>, name)`), each element's values together, row-major.
 
 So every offset, pitch and size is a sum of per-item-size pitches plus a constant. `Linear` keeps that
 form symbolic: the generator prints it as closed-form code, `soagen show` evaluates it for one n.
@@ -85,28 +87,43 @@ def linear_text(form: Linear) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Stride:
-    """A stride in elements: `coefficient * column_pitch(itemsize) / itemsize + constant`.
+    """A stride in values: `coefficient * column_pitch(itemsize) / unit + constant`.
 
     The first part steps between coefficients of an array column or between columns of one block; the
-    constant is 1 along elements, 0 for a broadcast scalar, or a scalar pitch in elements.
+    constant is 1 along elements (k for a packed column of k values), 0 for a broadcast scalar, a
+    scalar pitch in values, or a step inside a packed element. `itemsize` is the size of the pitch's
+    item, `unit` the size of one value: they differ for packed columns only.
     """
 
     itemsize: int
     coefficient: int
     constant: int
+    unit: int = 0  # 0: the same as itemsize
+
+    @property
+    def value_size(self) -> int:
+        return self.unit or self.itemsize
+
+    @property
+    def name(self) -> str:
+        """The generated code's name for one pitch in values: `stride_4`, or `stride_20_2` for a
+        pitch of 20-byte items counted in 2-byte values."""
+        if self.value_size == self.itemsize:
+            return f"stride_{self.itemsize}"
+        return f"stride_{self.itemsize}_{self.value_size}"
 
     def evaluate(self, n: int, align: int) -> int:
         return (
-            self.coefficient * column_pitch(n, self.itemsize, align) // self.itemsize
+            self.coefficient * column_pitch(n, self.itemsize, align) // self.value_size
             + self.constant
         )
 
 
 def stride_text(stride: Stride) -> str:
-    """The stride as an expression over `stride_<itemsize>` names (a column pitch in elements)."""
+    """The stride as an expression over `stride_<itemsize>` names (a column pitch in values)."""
     parts = []
     if stride.coefficient:
-        name = f"stride_{stride.itemsize}"
+        name = stride.name
         parts.append(name if stride.coefficient == 1 else f"{stride.coefficient} * {name}")
     if stride.constant or not parts:
         parts.append(str(stride.constant))
@@ -138,6 +155,8 @@ def view_text(form: ViewForm) -> str:
 def member_pitch(member: Member, align: int) -> Linear:
     if member.kind is MemberKind.SCALAR:
         return Linear((), round_up(member.itemsize, align))
+    if member.packed:
+        return Linear.of([(member.itemsize * member.coefficient_count, 1)])
     return Linear.of([(member.itemsize, member.coefficient_count)])
 
 
@@ -158,11 +177,22 @@ def byte_size(layout: Layout) -> Linear:
 
 
 def _array_strides(member: Member) -> list[Stride]:
-    """Column-major (Eigen's default): extent k steps over the product of the extents before it."""
+    """Column-major (Eigen's default): extent k steps over the product of the extents before it.
+    Packed: row-major inside the element (nested arrays), extent k steps over those after it."""
+    if member.packed:
+        return [
+            Stride(member.itemsize, 0, math.prod(member.shape[axis + 1 :]))
+            for axis in range(len(member.shape))
+        ]
     return [
         Stride(member.itemsize, math.prod(member.shape[:axis]), 0)
         for axis in range(len(member.shape))
     ]
+
+
+def _element_stride(member: Member) -> Stride:
+    """From one element to the next: one value, or a packed element's k values."""
+    return Stride(member.itemsize, 0, member.coefficient_count if member.packed else 1)
 
 
 def member_view(layout: Layout, member: Member) -> ViewForm:
@@ -173,7 +203,7 @@ def member_view(layout: Layout, member: Member) -> ViewForm:
     return ViewForm(
         member.dtype_name,
         (None, *member.shape),
-        (Stride(member.itemsize, 0, 1), *_array_strides(member)),
+        (_element_stride(member), *_array_strides(member)),
         offset,
     )
 
@@ -182,11 +212,13 @@ def block_view(binding: Binding) -> ViewForm:
     """The one strided view of a resolved block: members adjacent, in order, of one dtype and shape."""
     layout, first = binding.layout, binding.first_member
     is_scalar = first.kind is MemberKind.SCALAR
-    element = Stride(first.itemsize, 0, 0 if is_scalar else 1)
+    element = Stride(first.itemsize, 0, 0) if is_scalar else _element_stride(first)
     if is_scalar:
         between_members = Stride(
             first.itemsize, 0, round_up(first.itemsize, layout.align) // first.itemsize
         )
+    elif first.packed:
+        between_members = Stride(first.itemsize * first.coefficient_count, 1, 0, first.itemsize)
     else:
         between_members = Stride(first.itemsize, first.coefficient_count, 0)
     array_strides = iter(_array_strides(first))

@@ -333,7 +333,9 @@ class _Builder:
                 )
                 continue
             kind = MemberKind.COLUMN if item.data == "column_stmt" else MemberKind.SCALAR
-            dtype_tree, names = parts
+            dtype_tree, names, *packed = parts
+            if packed:
+                kind = MemberKind.PACKED
             assert isinstance(dtype_tree, Tree) and isinstance(names, Tree)
             dtype_token = dtype_tree.children[0]
             assert isinstance(dtype_token, Token)

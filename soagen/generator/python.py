@@ -119,7 +119,8 @@ class _Symbols:
     def __init__(self, align: int) -> None:
         self.align = align
         self.pitches: set[int] = set()
-        self.strides: set[int] = set()
+        # (pitch item size, value size) of each stride name used.
+        self.strides: set[tuple[int, int]] = set()
 
     def linear(self, form: Linear) -> str:
         self.pitches.update(form.itemsizes)
@@ -128,7 +129,7 @@ class _Symbols:
     def stride(self, stride: Stride) -> str:
         if stride.coefficient:
             self.pitches.add(stride.itemsize)
-            self.strides.add(stride.itemsize)
+            self.strides.add((stride.itemsize, stride.value_size))
         return stride_text(stride)
 
     def view(self, form: ViewForm) -> Call:
@@ -150,7 +151,10 @@ class _Symbols:
             f"pitch_{size} = (n * {size} + {self.align - 1}) // {self.align} * {self.align}"
             for size in sorted(self.pitches)
         ]
-        lines += [f"stride_{size} = pitch_{size} // {size}" for size in sorted(self.strides)]
+        lines += [
+            f"{Stride(size, 1, 0, unit).name} = pitch_{size} // {unit}"
+            for size, unit in sorted(self.strides)
+        ]
         return tuple(lines)
 
 
@@ -180,11 +184,11 @@ def _member_doc(layout: Layout, name: str) -> str:
     member = layout.member(name)
     assert member is not None
     shape = "[n" + "".join(f", {extent}" for extent in member.shape) + "]"
-    what = (
-        "Scalar"
-        if member.kind is MemberKind.SCALAR
-        else ("Array column" if member.shape else "Column")
-    )
+    what = {
+        MemberKind.SCALAR: "Scalar",
+        MemberKind.PACKED: "Packed array column",
+        MemberKind.COLUMN: "Array column" if member.shape else "Column",
+    }[member.kind]
     view = "0-d view" if member.kind is MemberKind.SCALAR else f"{shape} view"
     summary = f"{what} `{member.name}`: {member.dtype_name}, a {view} of the buffer."
     return summary + (f"\n\n{member.doc}" if member.doc else "")
@@ -194,7 +198,10 @@ def _layout_doc(layout: Layout) -> str:
     rows = []
     for member in layout.members:
         shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
-        rows.append(f"    {member.name}: {member.kind.value} {member.dtype_name}{shape}")
+        packed = " packed" if member.packed else ""
+        rows.append(
+            f"    {member.name}: {member.kind.keyword} {member.dtype_name}{shape}{packed}"
+        )
     header = layout.doc or f"The {layout.name} collection."
     return (
         f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n"

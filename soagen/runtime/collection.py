@@ -347,7 +347,7 @@ class Collection:
             if spec.name not in given:
                 continue
             tensor = _column_tensor(cls.NAME, spec, given[spec.name])
-            if spec.kind == "column":
+            if spec.per_element:
                 if tensor.dim() == 0:
                     raise ColumnError(
                         f"column {spec.name!r} must have shape {['n', *spec.shape]}, got a 0-d value"

@@ -174,7 +174,7 @@ class LayoutGeometry:
         self.cls = cls
         # Columns run over elements along their first dimension; scalars are 0-d.
         self.member_axes: dict[str, int | None] = {
-            m.name: (0 if m.kind == "column" else None) for m in cls.MEMBERS
+            m.name: (0 if m.per_element else None) for m in cls.MEMBERS
         }
         self.sizes: OrderedDict[int, SizedGeometry] = OrderedDict()
 

@@ -25,10 +25,15 @@ class MemberSpec:
     """A column (one value, or one fixed-shape array, per element) or a scalar (one per collection)."""
 
     name: str
-    kind: str  # "column" or "scalar"
+    kind: str  # "column", "packed" (an array column stored element by element) or "scalar"
     dtype: str
     shape: tuple[int, ...]  # () for plain columns and scalars
     doc: str
+
+    @property
+    def per_element(self) -> bool:
+        """Columns, packed or not, hold values per element; a scalar one per collection."""
+        return self.kind != "scalar"
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,6 +184,9 @@ class _Reader:
         if (token := self.peek()) is not None and token.text == "[":
             pieces += self.bracketed("]")
         pieces += self.name_list(" ")
+        # No statement starts with `packed`: after the names it always closes this one.
+        if (token := self.peek()) is not None and token.text == "packed":
+            pieces.append((self.take(), " "))
         return _Statement("member", docs, pieces)
 
     def name_list(self, space: str) -> list[tuple[_Tok, str]]:
@@ -449,10 +452,9 @@ def _layout_lines(layout: Layout, symbolic: bool) -> list[str]:
     lines = [*_doc_lines(layout.doc), f"layout {layout.name} {{{size}"]
     lines += [f"align {value}" for value, _ in layout.align_statements]
     for member in layout.members:
-        shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
         at = f"  // at {linear_text(offsets[member.name])}" if symbolic else ""
         lines += _doc_lines(member.doc)
-        lines.append(f"{member.kind.value} {member.dtype_name}{shape} {member.name}{at}")
+        lines.append(f"{member.statement_text}{at}")
     return [*lines, "}"]
 
 

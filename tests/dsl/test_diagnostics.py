@@ -312,6 +312,12 @@ CASES = [
         ["16777216"],
     ),
     (
+        "SOA205",
+        "layout A {\n    column \u2038uint16 adc packed\n}\n",
+        ["packed column `adc` has no array shape"],
+        ["column uint16[N] adc packed"],
+    ),
+    (
         "SOA204",
         "layout A {\n    column float32[\u2038" + "1" + "0" * 30 + "] x\n}\n",
         ["31 digits"],
