@@ -199,9 +199,7 @@ def _layout_doc(layout: Layout) -> str:
     for member in layout.members:
         shape = f"[{', '.join(map(str, member.shape))}]" if member.shape else ""
         packed = " packed" if member.packed else ""
-        rows.append(
-            f"    {member.name}: {member.kind.keyword} {member.dtype_name}{shape}{packed}"
-        )
+        rows.append(f"    {member.name}: {member.kind.keyword} {member.dtype_name}{shape}{packed}")
     header = layout.doc or f"The {layout.name} collection."
     return (
         f"{header}\n\nMembers, in CMSSW GENERATE_SOA_LAYOUT order (align {layout.align}):\n"
