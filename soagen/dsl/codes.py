@@ -29,7 +29,7 @@ KINDS: tuple[Kind, ...] = (ERROR, LINT, BREAKING)
 
 # The categories of each kind, in order.
 CATEGORIES: dict[Kind, tuple[str, ...]] = {
-    ERROR: ("syntax", "files", "names", "layout", "binding", "imports"),
+    ERROR: ("syntax", "files", "names", "layout", "binding", "imports", "cpp", "cmssw"),
     LINT: ("MINIMAL", "BASIC", "STANDARD"),
     BREAKING: ("source", "memory"),
 }

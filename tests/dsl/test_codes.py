@@ -26,7 +26,14 @@ from soagen.tools.config import Config
 from tests.helpers import REPO
 
 SOAGEN = REPO / "soagen"
-ERROR_CATEGORY_BY_HUNDRED = {"1": "names", "2": "layout", "3": "binding", "4": "imports"}
+ERROR_CATEGORY_BY_HUNDRED = {
+    "1": "names",
+    "2": "layout",
+    "3": "binding",
+    "4": "imports",
+    "5": "cpp",
+    "6": "cmssw",
+}
 
 
 def test_every_code_is_well_formed() -> None:
