@@ -120,7 +120,7 @@ def parsed_doc(lines: list[str]) -> str | None:
 
 @dataclass(frozen=True)
 class MemberStatement:
-    kind: str  # "column" or "scalar"
+    kind: str  # "column", "packed" or "scalar"
     dtype: str
     shape: tuple[int, ...]
     names: tuple[str, ...]
@@ -252,11 +252,13 @@ def layout_cases(
     member_names: set[str] = set()
     statements = []
     for _ in range(draw(st.integers(1, max_statements))):
-        kind = draw(st.sampled_from(["column", "column", "scalar"]))
+        kind = draw(st.sampled_from(["column", "column", "packed", "scalar"]))
         dtype = draw(st.sampled_from(DTYPES))
         shape: tuple[int, ...] = ()
         if kind == "column":
             shape = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+        elif kind == "packed":
+            shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
         declared = tuple(
             _unique(draw, member_names, MEMBER_RESERVED, names)
             for _ in range(draw(st.integers(1, 3)))
@@ -273,7 +275,7 @@ def _block(
 ) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     """A random run of adjacent members of one kind, dtype and shape, and its axes; outputs take
     columns only (a scalar holds one value per collection, not one per element: SOA309)."""
-    kinds = ("column",) if direction == "output" else ("column", "scalar")
+    kinds = ("column", "packed") if direction == "output" else ("column", "packed", "scalar")
     run = adjacent_alike_run(draw, layout.members, kinds)
     names = tuple(m.name for m in run)
     if draw(st.booleans()):
@@ -293,8 +295,11 @@ def _layout_text(layout: LayoutCase, style: _Style) -> list[str]:
         if statement.shape:
             shape = "[" + f",{sp}".join(style.number(e) for e in statement.shape) + "]"
         names = f",{sp}".join(statement.names)
+        keyword, packed = statement.kind, ""
+        if statement.kind == "packed":
+            keyword, packed = "column", f"{sp}packed"
         body.append(
-            f"{ind}{statement.kind}{sp}{statement.dtype}{shape}{sp}{names}{style.comment()}"
+            f"{ind}{keyword}{sp}{statement.dtype}{shape}{sp}{names}{packed}{style.comment()}"
         )
     if layout.align is not None:
         # Counted in statements, so the align never splits a statement from its doc comment.
@@ -369,7 +374,7 @@ def valid_schemas(
         layouts.append(draw(layout_cases(taken, file, sentinel, names=names)))
     binding_names: set[str] = set()
     models = []
-    with_columns = [layout for layout in layouts if any(m.kind == "column" for m in layout.members)]
+    with_columns = [layout for layout in layouts if any(m.kind != "scalar" for m in layout.members)]
     # Every model has an output, and outputs bind columns.
     for _ in range(draw(st.integers(0, max_models if with_columns else 0))):
         name = _unique(draw, taken, LAYOUT_RESERVED, names)

@@ -184,7 +184,7 @@ class _Comparer:
             if member.name not in new_names:
                 self.report(
                     "MEMBER_REMOVED",
-                    f"{member.kind.value} `{old.name}.{member.name}` was removed or renamed",
+                    f"{member.kind.noun} `{old.name}.{member.name}` was removed or renamed",
                     self.old(member.span),
                 )
         for member in new.members:
@@ -192,7 +192,7 @@ class _Comparer:
             if previous is None:
                 self.report(
                     "MEMBER_ADDED",
-                    f"{member.kind.value} `{new.name}.{member.name}` was added: the buffer grows"
+                    f"{member.kind.noun} `{new.name}.{member.name}` was added: the buffer grows"
                     + (" and the members after it move" if member is not new.members[-1] else ""),
                     member.span,
                     "buffers made by the old schema are too small and misread",
@@ -222,7 +222,7 @@ class _Comparer:
         if old.kind is not new.kind:
             self.report(
                 "MEMBER_KIND_CHANGED",
-                f"{where} changed from {old.kind.value} to {new.kind.value}",
+                f"{where} changed from {old.kind.noun} to {new.kind.noun}",
                 new.span,
             )
         if old.dtype_name != new.dtype_name:

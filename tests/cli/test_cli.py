@@ -94,6 +94,18 @@ def test_show_json_agrees_with_generated_classes() -> None:
         assert {m["name"]: m["offset"] for m in report[cls.NAME]["members"]} == cls.offsets(1000)
 
 
+def test_show_json_reports_packed_columns() -> None:
+    status, out, _ = run_cli(
+        "show", str(REPO / "tests" / "golden" / "arrays.soa"), "-n", "33", "--format", "json"
+    )
+    assert status == 0
+    jets = next(c for c in json.loads(out)["collections"] if c["layout"] == "Jets")
+    samples = next(m for m in jets["members"] if m["name"] == "samples_a")
+    assert (samples["kind"], samples["dtype"], samples["array_shape"]) == ("packed", "uint16", [10])
+    # 33 entries of 20 bytes, padded to the layout's 64-byte alignment; each entry's values together.
+    assert (samples["pitch"], samples["shape"], samples["strides"]) == (704, [33, 10], [10, 1])
+
+
 def test_check_reports_stale_missing_and_orphaned(in_tmp: Path) -> None:
     (in_tmp / "schemas").mkdir()
     (in_tmp / "schemas" / "gnn.soa").write_text((REPO / "schemas" / "gnn.soa").read_text())

@@ -12,6 +12,9 @@ Rules (CMSSW GENERATE_SOA_LAYOUT), with round_up(s, A) = ceil(s / A) * A:
 - an array column of shape S: prod(S) coefficient columns, each round_up(n * sizeof(T), A) bytes
   apart, column-major: coefficient (r, c) of element i at offset + ((r + c * rows) * stride + i) *
   sizeof(T), stride = round_up(n * sizeof(T), A) / sizeof(T);
+- a packed array column of shape S (CMSSW's `SOA_COLUMN(edm::StdArray<T, k>)`): one column of
+  prod(S)-value structs, pitch round_up(n * prod(S) * sizeof(T), A); value (r, c) of element i at
+  offset + (i * prod(S) + r * cols + c) * sizeof(T) (nested arrays, row-major);
 - members follow each other from the buffer start; the size is the sum of the pitches.
 """
 
@@ -58,7 +61,7 @@ SIZES_N = [0, 1, 10, 31, 32, 33, 1000, 10**7]
 @dataclass(frozen=True)
 class RefMember:
     name: str
-    kind: str  # "column" or "scalar"
+    kind: str  # "column", "packed" or "scalar"
     dtype: str
     shape: tuple[int, ...] = ()
 
@@ -71,6 +74,8 @@ def ref_pitch(member: RefMember, n: int, align: int) -> int:
     size = SIZES[member.dtype]
     if member.kind == "scalar":
         return ceil_to(size, align)
+    if member.kind == "packed":
+        return ceil_to(n * math.prod(member.shape) * size, align)
     return math.prod(member.shape) * ceil_to(n * size, align)
 
 
@@ -87,11 +92,17 @@ def ref_address(
     member: RefMember, offset: int, n: int, align: int, element: int, coefficient: tuple[int, ...]
 ) -> int:
     """Byte address of one value of a member starting at `offset`: element `element`, array
-    coefficient `coefficient` (column-major)."""
+    coefficient `coefficient` (column-major; row-major inside a packed element)."""
     size = SIZES[member.dtype]
     if member.kind == "scalar":
         return offset  # one value, whatever the element
     assert 0 <= element < n
+    if member.kind == "packed":
+        inside = 0
+        for index, extent in zip(coefficient, member.shape, strict=True):
+            assert 0 <= index < extent
+            inside = inside * extent + index
+        return offset + (element * math.prod(member.shape) + inside) * size
     linear, step = 0, 1
     for index, extent in zip(coefficient, member.shape, strict=True):
         assert 0 <= index < extent
@@ -136,7 +147,10 @@ def schema_text(
     lines = ["layout L {", f"    align {align}"]
     for m in members:
         shape = f"[{', '.join(map(str, m.shape))}]" if m.shape else ""
-        lines.append(f"    {m.kind} {m.dtype}{shape} {m.name}")
+        if m.kind == "packed":
+            lines.append(f"    column {m.dtype}{shape} {m.name} packed")
+        else:
+            lines.append(f"    {m.kind} {m.dtype}{shape} {m.name}")
     lines.append("}")
     if blocks:
         lines.append("layout Out {\n    column float32 out\n}")
@@ -408,7 +422,9 @@ def test_scalars_broadcast_over_elements() -> None:
 
 
 def adjacent_alike_run(
-    draw: st.DrawFn, members: Sequence[RefMember], kinds: Sequence[str] = ("column", "scalar")
+    draw: st.DrawFn,
+    members: Sequence[RefMember],
+    kinds: Sequence[str] = ("column", "packed", "scalar"),
 ) -> list[RefMember]:
     """A random run of adjacent members of one kind, dtype and shape: what a block may bind; its
     kind is one of `kinds` (outputs bind only columns), which some member must have."""
@@ -432,11 +448,13 @@ def random_layouts(
     count = draw(st.integers(1, 8))
     members: list[RefMember] = []
     for k in range(count):
-        kind = draw(st.sampled_from(["column", "column", "scalar"]))
+        kind = draw(st.sampled_from(["column", "column", "packed", "scalar"]))
         dtype = draw(st.sampled_from(sorted(SIZES)))
         shape: tuple[int, ...] = ()
         if kind == "column":
             shape = tuple(draw(st.lists(st.integers(1, 4), max_size=3)))
+        elif kind == "packed":
+            shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
         repeat = draw(st.integers(1, 3))  # runs of alike members, to make blocks of
         members += [RefMember(f"m{k}_{j}", kind, dtype, shape) for j in range(repeat)]
     largest = max(SIZES[m.dtype] for m in members)
@@ -459,3 +477,69 @@ def test_random_layouts_match_the_reference(
 ) -> None:
     members, align, n, blocks = case
     assert_layout_matches(members, align, [n], blocks)
+
+
+# --- packed array columns (CMSSW's edm::StdArray columns) -------------------------------------------
+
+DIGIS = [
+    RefMember("id", "column", "uint32"),
+    RefMember("adc", "packed", "uint16", (10,)),
+    RefMember("gain", "packed", "uint16", (10,)),
+    RefMember("s", "scalar", "float32"),
+    RefMember("m", "column", "float32", (3, 3)),
+    RefMember("cov", "packed", "float64", (2, 3)),
+]
+
+
+@pytest.mark.parametrize(
+    ("align", "n", "offsets", "total"),
+    [
+        # Measured with CMSSW's own GENERATE_SOA_LAYOUT: adc and gain as edm::StdArray<uint16_t, 10>,
+        # m as Eigen::Matrix<float, 3, 3>, cov as edm::StdArray<edm::StdArray<double, 3>, 2>.
+        (64, 10, {"id": 0, "adc": 64, "gain": 320, "s": 576, "m": 640, "cov": 1216}, 1728),
+        (128, 33, {"id": 0, "adc": 256, "gain": 1024, "s": 1792, "m": 1920, "cov": 4224}, 5888),
+    ],
+)
+def test_packed_columns_match_cmssw(
+    align: int, n: int, offsets: dict[str, int], total: int
+) -> None:
+    layout, _ = parsed(DIGIS, align)
+    got = {k: f.evaluate(n, align) for k, f in member_offsets(layout).items()}
+    assert got == offsets
+    assert byte_size(layout).evaluate(n, align) == total
+    adc = layout.member("adc")
+    assert adc is not None
+    # [n, 10] with strides (10, 1): each element's ten values together.
+    assert member_view(layout, adc).evaluate(n, align) == ((n, 10), (10, 1), offsets["adc"])
+
+
+@pytest.mark.parametrize("align", [8, 64, 128, 4096])
+def test_packed_blocks_in_every_axis_order(align: int) -> None:
+    blocks = [(["adc", "gain"], order) for order in axis_orders((10,), with_c=True)]
+    blocks += [(["cov"], order) for order in axis_orders((2, 3), with_c=True)]
+    blocks += [(["cov"], order) for order in axis_orders((2, 3), with_c=False)]
+    assert_layout_matches(DIGIS, align, [0, 1, 7, 33, 1000], blocks, seed=align, samples=30)
+
+
+def test_packed_bytes_equal_a_c_struct_array() -> None:
+    """The values written through soagen's view sit where a C array of `struct { T v[k]; }` puts
+    them: numpy's structured dtype is that C layout."""
+    numpy = pytest.importorskip("numpy")
+    n, align = 13, 64
+    layout, _ = parsed(DIGIS, align)
+    adc = layout.member("adc")
+    assert adc is not None
+    shape, strides, offset = member_view(layout, adc).evaluate(n, align)
+    buffer = numpy.zeros(byte_size(layout).evaluate(n, align), dtype=numpy.uint8)
+    values = numpy.arange(n * 10, dtype=numpy.uint16).reshape(n, 10) * 7 + 3
+    view = numpy.lib.stride_tricks.as_strided(
+        buffer[offset:].view(numpy.uint16), shape, tuple(s * 2 for s in strides)
+    )
+    view[...] = values
+    struct = numpy.dtype([("v", numpy.uint16, (10,))])
+    assert struct.itemsize == 20
+    as_structs = buffer[offset : offset + n * 20].view(struct)
+    assert (as_structs["v"] == values).all()
+    # and nothing was written outside the column's own bytes
+    pitch = ceil_to(n * 20, align)
+    assert not buffer[:offset].any() and not buffer[offset + pitch :].any()

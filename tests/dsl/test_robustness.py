@@ -471,7 +471,8 @@ def test_doc_comments_come_back_exactly_and_run_nothing(
             accessor = docstring_of(source, layout.name, name)
             assert accessor is not None
             summary = accessor.split("\n\n", 1)
-            assert summary[0].startswith(f"Array column `{name}`" if spec.shape else "")
+            noun = "Packed array column" if spec.kind == "packed" else "Array column"
+            assert summary[0].startswith(f"{noun} `{name}`" if spec.shape else "")
             assert (summary[1] if len(summary) > 1 else None) == doc
     for model in case.models:
         expected = model.doc or f"Binds the inputs and outputs of model {model.name} to SoA blocks."

@@ -94,6 +94,8 @@ def test_generated_metadata_matches_layout_math(tmp_path: Path) -> None:
         "hessians",
         "weights",
         "weight",
+        "samples",
+        "cov",
     ]
     jets = schema.layouts["Jets"]
     for binding in schema.root.models[0].bindings:
@@ -109,6 +111,11 @@ def test_generated_metadata_matches_layout_math(tmp_path: Path) -> None:
     assert weights.shape == (2, 10) and weights.strides[1] == 0
     assert weights.strides[0] == 64 // 8  # one scalar pitch at align 64, in float64 elements
     assert jets.align == 64
+    # Packed columns: [c, n, 10] steps one 20-byte column pitch between members, ten values
+    # between elements, one inside an element.
+    samples = module.Jets.BLOCKS["samples"].view(33)
+    assert samples.shape == (2, 33, 10)
+    assert samples.strides == (-(-33 * 20 // 64) * 64 // 2, 10, 1)
 
 
 def test_imported_layouts_are_shared_not_copied(tmp_path: Path) -> None:

@@ -129,6 +129,23 @@ def test_type_shape_kind_and_alignment(repo: Path) -> None:
     assert ("memory", "LAYOUT_ALIGN_CHANGED", "schemas/main.soa", 5, 11) in _changes()[1]
 
 
+def test_packing_an_array_column_moves_its_bytes(repo: Path) -> None:
+    """`column uint16[4] adc` -> `... packed`: same dtype, shape and size for some n, but each
+    element's values move together, so the member's bytes mean something else."""
+    _edit(
+        repo,
+        "main.soa",
+        "scalar float32 bfield\n",
+        "scalar float32 bfield\n    column uint16[4] adc\n",
+    )
+    _git(repo, "commit", "-qam", "adc")
+    _edit(repo, "main.soa", "column uint16[4] adc", "column uint16[4] adc packed")
+    status, out, _ = run_cli("breaking", "--against", "HEAD")
+    assert status == 1
+    assert "`Hits.adc` changed from column to packed column" in out
+    assert _changes()[1] == [("memory", "MEMBER_KIND_CHANGED", "schemas/main.soa", 9, 22)]
+
+
 def test_dtype_change_of_same_size_pitch_is_still_reported(repo: Path) -> None:
     # int32 -> float32: identical offsets and pitches for every n, different bytes meaning.
     _edit(repo, "main.soa", "column int32 detector_id", "column float32 detector_id")
