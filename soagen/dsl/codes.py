@@ -881,12 +881,12 @@ _ERRORS = (
         Example(
             """
             layout Hits {
-                column int32 class
+                column bool new
             }
             """,
             """
             layout Hits {
-                column int32 category
+                column bool is_new
             }
             """,
         ),

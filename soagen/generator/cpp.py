@@ -275,8 +275,11 @@ def _escape(character: str) -> str:
     )
 
 
-def _doc_comments(text: str | None, indent: str) -> list[str]:
-    return [f"{indent}///{' ' if line else ''}{line}".rstrip(" ") for line in comment_lines(text)]
+def _doc_comments(text: str | None, indent: str, marker: str = "///") -> list[str]:
+    """`///` doc lines (`//!` for the file's own doc, as the schema writes them)."""
+    return [
+        f"{indent}{marker}{' ' if line else ''}{line}".rstrip(" ") for line in comment_lines(text)
+    ]
 
 
 def _string_array(values: tuple[str, ...]) -> str:
@@ -379,7 +382,7 @@ def generate_header(schema: Schema, schema_file: SchemaFile, namespace: str | No
             version=soagen.__version__,
             source="".join(comment_lines(schema_file.path)),
             options="" if namespace is None else f" --namespace {namespace}",
-            file_doc=_doc_comments(schema_file.doc, ""),
+            file_doc=_doc_comments(schema_file.doc, "", "//!"),
             includes=_includes(schema, schema_file),
             namespace=namespace,
             layouts=[_layout_model(layout) for layout in schema_file.layouts],
