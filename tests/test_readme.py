@@ -101,3 +101,14 @@ def test_the_cpu_build_note_pins_the_torch_of_quick_start() -> None:
     )
     assert cpu is not None and cpu.group(1) in pins
     assert "CUDA build" in section and "Both work" in section
+
+
+def test_cpp_example_is_the_generated_header() -> None:
+    """README's C++ example is what `soagen generate --lang cpp schemas/gnn.soa` writes."""
+    from soagen.dsl.loader import load
+    from soagen.generator.cpp import generate_cpp
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("## C++ and CMSSW", 1)[1].split("\n## ", 1)[0]
+    shown = re.findall(r"```cpp\n(.+?)```", section, re.DOTALL)
+    assert shown == [generate_cpp(load("schemas/gnn.soa").unwrap())["gnn"]]

@@ -1,4 +1,5 @@
-"""`soagen generate` (also `soagen SCHEMA ...`): write a Python module for every schema file."""
+"""`soagen generate` (also `soagen SCHEMA ...`): write a Python module (or, with `--lang cpp`, a
+C++ header) for every schema file."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from soagen.cli.common import (
     EXIT_PROBLEMS,
     Output,
     UsageError,
+    add_lang_argument,
     add_out_argument,
     add_schemas_argument,
     counted,
@@ -19,21 +21,28 @@ from soagen.cli.common import (
     module_text,
     not_ours,
     schema_paths,
+    target_of,
     write_if_changed,
 )
 
-HELP = "generate Python modules from schemas (the default command)"
-EXAMPLE = "soagen schemas/gnn.soa            # writes generated/gnn.py\n  soagen schemas/*.soa -o src/mypkg/soa"
+HELP = "generate Python modules (or C++ headers) from schemas (the default command)"
+EXAMPLE = (
+    "soagen schemas/gnn.soa            # writes generated/gnn.py\n"
+    "  soagen schemas/*.soa -o src/mypkg/soa\n"
+    "  soagen generate --lang cpp schemas/gnn.soa -o include   # writes include/gnn.h"
+)
 FORMATS: tuple[str, ...] = ("text", "json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schemas_argument(parser, required=True)
     add_out_argument(parser, "output folder (default generated)")
+    add_lang_argument(parser)
 
 
 def run(args: argparse.Namespace, output: Output) -> int:
-    modules = generate_all(schema_paths(args.schemas), output)
+    target = target_of(args)
+    modules = generate_all(schema_paths(args.schemas), output, target, args.namespace)
     if output.diagnostics:
         return EXIT_PROBLEMS
     out = Path(args.out)
@@ -43,19 +52,19 @@ def run(args: argparse.Namespace, output: Output) -> int:
         raise UsageError(f"-o {args.out}: cannot make that folder ({error.strerror})") from None
     # Generated modules import each other relatively, so the folder must be a package.
     init = out / "__init__.py"
-    if not init.exists():
+    if target.lang == "python" and not init.exists():
         init.write_text("", encoding="utf-8")
-    targets = {out / f"{name}.py": text for name, (text, _) in sorted(modules.items())}
-    # Every target checked before any is written: a refusal leaves the folder as it was.
-    for target in targets:
-        if foreign(module_text(target)):
-            raise UsageError(not_ours(target))
-    written = [target for target, text in targets.items() if write_if_changed(target, text)]
+    files = {out / f"{name}{target.suffix}": text for name, (text, _) in sorted(modules.items())}
+    # Every file checked before any is written: a refusal leaves the folder as it was.
+    for path in files:
+        if foreign(module_text(path), target):
+            raise UsageError(not_ours(path, target))
+    written = [path for path, text in files.items() if write_if_changed(path, text)]
     if output.format == "json":
         print(json.dumps({"written": [p.as_posix() for p in written], "modules": sorted(modules)}))
     else:
-        for target in written:
-            print(f"wrote {target.as_posix()}")
+        for path in written:
+            print(f"wrote {path.as_posix()}")
         if not written:
-            print(f"{counted(len(modules), 'module')} in {out.as_posix()} up to date")
+            print(f"{counted(len(modules), target.noun)} in {out.as_posix()} up to date")
     return EXIT_OK

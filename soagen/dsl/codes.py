@@ -821,6 +821,76 @@ _ERRORS = (
         declarations or files.
         """,
     ),
+    _error(
+        "SOA501",
+        "cpp",
+        "a dtype that a CMSSW column cannot hold in C++",
+        """
+        Reported by `soagen generate --lang cpp` and `soagen check --lang cpp` only: standard
+        C++ (C++20) has no half-precision or bfloat16 type, so a `float16` or `bfloat16` member
+        has no type to declare in `GENERATE_SOA_LAYOUT`. Use `float32`, or keep the raw 16 bits
+        in a `uint16` member and convert where the values are read. Python output is unaffected.
+        """,
+        Example(
+            """
+            layout Hits {
+                column float16 energy
+            }
+            """,
+            """
+            layout Hits {
+                column float32 energy
+            }
+            """,
+        ),
+    ),
+    _error(
+        "SOA502",
+        "cpp",
+        "an array column of rank above 2, which C++ columns cannot hold",
+        """
+        Reported by `--lang cpp` only: an array column becomes an Eigen matrix column
+        (`SOA_EIGEN_COLUMN`) and a packed one an `edm::StdArray` of `edm::StdArray`s, both of at
+        most two extents. Flatten the extents after the first into one (`[3, 2, 2]` becomes
+        `[3, 4]`), and index it as the product in C++. Python output is unaffected.
+        """,
+        Example(
+            """
+            layout Jets {
+                column float32[3, 2, 2] hessian
+            }
+            """,
+            """
+            layout Jets {
+                column float32[3, 4] hessian
+            }
+            """,
+        ),
+    ),
+    _error(
+        "SOA503",
+        "cpp",
+        "a name that C++ reserves, or two names that give one C++ name",
+        """
+        Reported by `--lang cpp` only: a member named with a C++20 keyword or alternative token
+        (`class`, `new`, `int`, `bitand`), or a name whose C++ identifiers C++ reserves: a
+        double underscore anywhere, or a member ending in `_` (CMSSW's macros declare its field
+        `NAME_`, so `x_` gives `x__`). Also two declarations that give one C++ name: layout
+        `Hits` and layout `HitsSoA` both give the alias `HitsSoA`. Rename the member or layout.
+        """,
+        Example(
+            """
+            layout Hits {
+                column bool new
+            }
+            """,
+            """
+            layout Hits {
+                column bool is_new
+            }
+            """,
+        ),
+    ),
 )
 
 # --- lint rules: `soagen lint`, checks in soagen/tools/lint.py -----------------------------------

@@ -18,6 +18,7 @@ from soagen.dsl.codes import ERROR, of_kind
 from soagen.dsl.diagnostics import Diagnostic, render_text
 from soagen.dsl.loader import LoadResult, load
 from soagen.dsl.parser import keywords
+from soagen.generator.cpp import cpp_problems, generate_cpp
 from soagen.generator.python import generate
 from tests.helpers import REPO
 
@@ -39,6 +40,16 @@ def load_text(tmp_path: Path, text: str, name: str = "schema.soa") -> LoadResult
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text.encode("utf-8"))
     return load(path)
+
+
+def load_for(tmp_path: Path, text: str, code: str) -> LoadResult:
+    """The schema loaded as a command reporting `code` would: the C++ target's codes (SOA5xx)
+    come from `cpp_problems` of a schema the checker accepts, as `--lang cpp` runs it."""
+    result = load_text(tmp_path, text)
+    if CODES[code].category != "cpp" or result.schema is None:
+        return result
+    problems = cpp_problems(result.schema)
+    return LoadResult(None if problems else result.schema, problems, result.sources)
 
 
 def only(result: LoadResult) -> Diagnostic:
@@ -640,6 +651,56 @@ CASES = [
         ["`k` is `whole` and `p` is sliced", "no longer match"],
         [],
     ),
+    # What C++ cannot hold: reported by `--lang cpp` only, at the dtype or the name.
+    (
+        "SOA501",
+        "layout H {\n    column float32 x\n    scalar \u2038bfloat16 w\n}\n",
+        ["`w` is bfloat16", "CMSSW column"],
+        ["float32"],
+    ),
+    (
+        "SOA502",
+        "layout H {\n    column \u2038uint8[2, 3, 4] m packed\n}\n",
+        ["packed column `m` has rank 3", "[2, 3, 4]", "at most 2 extents"],
+        ["[2, 12]"],
+    ),
+    (
+        "SOA502",
+        "layout H {\n    column \u2038float32[2, 2, 2] m\n}\n",
+        ["array column `m` has rank 3"],
+        ["[2, 4]"],
+    ),
+    (
+        "SOA503",
+        "layout H {\n    column float32 x, \u2038bitand\n}\n",
+        ["member `bitand` is a C++ keyword"],
+        ["another name"],
+    ),
+    (
+        "SOA503",
+        "layout H {\n    column float32 \u2038x_\n}\n",
+        ["member `x_` gives the C++ identifier `x__`", "double underscore", "reserves"],
+        ["trailing `_`"],
+    ),
+    (
+        "SOA503",
+        "layout H {\n    column float32 a__b\n}\nmodel M {\n    input \u2038in__x = H{a__b}\n"
+        "    output y = H{a__b}\n}\n".replace("a__b", "a"),
+        ["binding `in__x` gives the C++ identifier `in__x_binding`"],
+        [],
+    ),
+    (
+        "SOA503",
+        "layout H {\n    column float32 x\n}\nlayout \u2038HSoA {\n    column float32 y\n}\n",
+        ["layout `HSoA` and layout `H` both give the C++ name `HSoA`"],
+        ["rename one"],
+    ),
+    (
+        "SOA503",
+        "layout A_b {\n    column float32[2] c\n}\nlayout A {\n    column float32[2] \u2038b_c\n}\n",
+        ["member `b_c` of `A` and member `c` of `A_b` both give the C++ name `A_b_c_t`"],
+        [],
+    ),
 ]
 
 
@@ -652,7 +713,7 @@ def test_diagnostic(
     tmp_path: Path, code: str, text: str, message_words: list[str], hint_words: list[str]
 ) -> None:
     source, line, column = marked(text)
-    diagnostic = only(load_text(tmp_path, source))
+    diagnostic = only(load_for(tmp_path, source, code))
     assert diagnostic.code == code, diagnostic
     assert (diagnostic.span.line, diagnostic.span.column) == (line, column), diagnostic
     assert diagnostic.severity == "error"
@@ -715,12 +776,15 @@ def test_explanation_examples_are_found() -> None:
 )
 def test_explanation_examples(tmp_path: Path, code: str, gives: bool, schema: str) -> None:
     """A `Gives` example reports its code and only that one; a `Fixed` one loads and generates."""
-    result = load_text(tmp_path, schema)
+    result = load_for(tmp_path, schema, code)
     if gives:
         assert {d.code for d in result.diagnostics} == {code}, result.diagnostics
     else:
         assert result.diagnostics == [], result.diagnostics
         assert generate(result.unwrap())
+        if CODES[code].category == "cpp":
+            assert cpp_problems(result.unwrap()) == []
+            assert generate_cpp(result.unwrap())
 
 
 # --- several files ------------------------------------------------------------------------------
