@@ -440,7 +440,7 @@ def test_generate_and_check_cpp_headers(in_tmp: Path) -> None:
     assert status == 1 and "include/gone.h: generated from a schema that no longer exists" in out
     # What C++ cannot hold: located errors, nothing written; Python output is unaffected.
     status, _, err = run_cli("generate", "--lang", "cpp", "arrays.soa", "-o", "refused")
-    assert status == 1 and "arrays.soa:25:12: error[SOA501]" in err and "error[SOA502]" in err
+    assert status == 1 and "arrays.soa:29:12: error[SOA501]" in err and "error[SOA502]" in err
     assert not (in_tmp / "refused").exists()
     assert run_cli("generate", "arrays.soa", "-o", "python")[0] == 0
     # A namespace: named in the header's regenerate line and in check's advice.
