@@ -42,10 +42,12 @@ def _text(text: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Example:
     """A schema that reports the code and, where one helps, the schema corrected (the tests load
-    both: `bad` must report the code, `fixed` must not)."""
+    both: `bad` must report the code, `fixed` must not). `language` says what they are: `.soa`
+    schemas, or C++ headers for `soagen import-cmssw` (the SOA6xx codes; their tests import them)."""
 
     bad: str
     fixed: str | None = None
+    language: Literal["soa", "cpp"] = "soa"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bad", _text(self.bad))
@@ -893,6 +895,99 @@ _ERRORS = (
     ),
 )
 
+_CMSSW_ERRORS = (
+    _error(
+        "SOA601",
+        "cmssw",
+        "a C++ type in a CMSSW header cannot be resolved",
+        """
+        `soagen import-cmssw` found a member type that is neither a C++ arithmetic type, an
+        enum, an Eigen matrix, `edm::StdArray` nor an alias of one of these in the header or the
+        headers it includes. Usually the header declaring it was not found: pass the folder its
+        `#include` is relative to with `-I` (`-I $CMSSW_BASE/src`). Or map the name yourself:
+        `--type NAME=int32`, or `--type NAME=uint8[24]` for a struct of 24 bytes.
+        """,
+        Example(
+            """
+            #include "DataFormats/Hypothetical/interface/Types.h"  // not found
+            GENERATE_SOA_LAYOUT(HitLayout, SOA_COLUMN(HitFlags, flags))
+            """,
+            """
+            #include <cstdint>
+            using HitFlags = uint16_t;
+            GENERATE_SOA_LAYOUT(HitLayout, SOA_COLUMN(HitFlags, flags))
+            """,
+            language="cpp",
+        ),
+    ),
+    _error(
+        "SOA602",
+        "cmssw",
+        "an integer constant in a CMSSW header cannot be resolved",
+        """
+        An array extent (`edm::StdArray<float, N>`, `Eigen::Matrix<float, N, 1>`) or an
+        alignment names a constant that `soagen import-cmssw` cannot evaluate: it is declared in
+        a header that was not found, depends on a template parameter, or is not an integer
+        expression it reads (literals, names, arithmetic, shifts, casts). Pass the folder of its
+        header with `-I`, or give the value: `--define N=10`.
+        """,
+        Example(
+            """
+            #include "DataFormats/Common/interface/StdArray.h"
+            GENERATE_SOA_LAYOUT(DigiLayout, SOA_COLUMN(edm::StdArray<uint16_t, kSamples>, adc))
+            """,
+            """
+            #include "DataFormats/Common/interface/StdArray.h"
+            constexpr int kSamples = 10;
+            GENERATE_SOA_LAYOUT(DigiLayout, SOA_COLUMN(edm::StdArray<uint16_t, kSamples>, adc))
+            """,
+            language="cpp",
+        ),
+    ),
+    _error(
+        "SOA603",
+        "cmssw",
+        "a CMSSW layout uses a construct soagen cannot represent",
+        """
+        A member soagen has no equivalent for: a column or scalar of a struct or class, an
+        Eigen matrix of dynamic size, an `edm::StdArray` of more than two dimensions, a scalar
+        of an array type, an Eigen type outside SOA_EIGEN_COLUMN (or a non-Eigen one in it), or
+        a macro argument that is not a member. A struct whose bytes the Python side only
+        carries can be mapped to a packed column of its bytes, with the same byte layout:
+        `--type NAME=uint8[SIZE]`, SIZE being `sizeof(NAME)` in C++.
+        """,
+        Example(
+            """
+            struct Cluster { float energy; int size; };
+            GENERATE_SOA_LAYOUT(ClusterLayout, SOA_COLUMN(Cluster, cluster))
+            """,
+            """
+            GENERATE_SOA_LAYOUT(ClusterLayout, SOA_COLUMN(float, energy), SOA_COLUMN(int, hits))
+            """,
+            language="cpp",
+        ),
+    ),
+    _error(
+        "SOA604",
+        "cmssw",
+        "a header given to import-cmssw declares no (such) layout",
+        """
+        The header holds no `GENERATE_SOA_LAYOUT` call, or none of the name `--layout` asks for
+        (a layout is named by its C++ class, `PFRecHitSoALayout`, or its schema name,
+        `PFRecHitSoA`). Only the headers named on the command line are imported; the headers
+        they include are read for their types and constants. Name the header that declares the
+        layout.
+        """,
+        Example(
+            """
+            #include <cstdint>
+            using HitFlags = uint16_t;
+            """,
+            language="cpp",
+        ),
+    ),
+)
+
 # --- lint rules: `soagen lint`, checks in soagen/tools/lint.py -----------------------------------
 
 _LINT = (
@@ -1369,7 +1464,7 @@ def _registry(*codes: Code) -> dict[str, Code]:
     return registry
 
 
-REGISTRY: dict[str, Code] = _registry(*_ERRORS, *_LINT, *_BREAKING)
+REGISTRY: dict[str, Code] = _registry(*_ERRORS, *_CMSSW_ERRORS, *_LINT, *_BREAKING)
 
 
 def lookup(code: str) -> Code | None:

@@ -70,6 +70,11 @@ def test_tooling_commands_run_without_torch(torchless_env: dict[str, str], tmp_p
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr
     explained = _soagen(env, tmp_path, "explain", "SOA303")
     assert explained.returncode == 0 and "SOA303" in explained.stdout, explained.stderr
+    header = REPO / "tests" / "cmssw_headers" / "Tracks.h"
+    imported = _soagen(env, tmp_path, "import-cmssw", str(header), "-o", "imported")
+    assert imported.returncode == 0 and (tmp_path / "imported" / "Tracks.soa").is_file(), (
+        imported.stderr
+    )
 
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
