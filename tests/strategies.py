@@ -247,18 +247,20 @@ def layout_cases(
     sentinel: str,
     max_statements: int = 5,
     names: st.SearchStrategy[str] = IDENTIFIERS,
+    dtypes: list[str] = DTYPES,
+    max_rank: int = 3,
 ) -> LayoutCase:
     name = _unique(draw, taken, LAYOUT_RESERVED, names)
     member_names: set[str] = set()
     statements = []
     for _ in range(draw(st.integers(1, max_statements))):
         kind = draw(st.sampled_from(["column", "column", "packed", "scalar"]))
-        dtype = draw(st.sampled_from(DTYPES))
+        dtype = draw(st.sampled_from(dtypes))
         shape: tuple[int, ...] = ()
         if kind == "column":
-            shape = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+            shape = tuple(draw(st.lists(st.integers(1, 3), max_size=max_rank)))
         elif kind == "packed":
-            shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
+            shape = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=max_rank)))
         declared = tuple(
             _unique(draw, member_names, MEMBER_RESERVED, names)
             for _ in range(draw(st.integers(1, 3)))
@@ -359,11 +361,14 @@ def valid_schemas(
     max_layouts: int = 3,
     max_models: int = 2,
     names: st.SearchStrategy[str] = IDENTIFIERS,
+    dtypes: list[str] = DTYPES,
+    max_rank: int = 3,
 ) -> SchemaCase:
     """A valid schema, sometimes over two files (`schema.soa` importing `dep.soa`).
 
     Hostile doc comments name `sentinel` as the file they would create if their text ran as code.
-    `names` draws the names of layouts, members, models and bindings.
+    `names` draws the names of layouts, members, models and bindings; `dtypes` and `max_rank` bound
+    the members' dtypes and array ranks.
     """
     taken: set[str] = set()
     split = draw(st.booleans())
@@ -371,7 +376,9 @@ def valid_schemas(
     layouts = []
     for index in range(count):
         file = "dep.soa" if split and index < count // 2 + 1 and index < count - 1 else "schema.soa"
-        layouts.append(draw(layout_cases(taken, file, sentinel, names=names)))
+        layouts.append(
+            draw(layout_cases(taken, file, sentinel, names=names, dtypes=dtypes, max_rank=max_rank))
+        )
     binding_names: set[str] = set()
     models = []
     with_columns = [layout for layout in layouts if any(m.kind != "scalar" for m in layout.members)]

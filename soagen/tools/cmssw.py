@@ -1291,13 +1291,19 @@ def _alignment(call: LayoutCall, reader: _Reader, resolver: _Resolver) -> int:
 def _comment_lines(comment: Comment) -> list[str]:
     text = comment.text
     if text.startswith("//"):
-        body = [text[2:].lstrip("/!<")]
-    else:
-        body = text[2:-2].lstrip("*!<").split("\n")
-        body = [re.sub(r"^\s*\*(?!/)", "", line) for line in body]
-    lines = [line.rstrip() for line in body]
+        # One space after the marker is the marker's; the rest is the doc's own indentation.
+        return [_unspliced(text[2:].lstrip("/!<").removeprefix(" "))]
+    body = text[2:-2].lstrip("*!<").split("\n")
+    lines = [_unspliced(re.sub(r"^\s*\*(?!/)", "", line)) for line in body]
     indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
     return [line[indent:] for line in lines]
+
+
+def _unspliced(line: str) -> str:
+    """`soagen generate --lang cpp` ends a line ending in `\\` with ` //`, so that it splices
+    nothing into the comment: the doc line is what comes before."""
+    line = line.rstrip()
+    return line.removesuffix(" //") if line.endswith("\\ //") else line
 
 
 def _offset(reader: _Reader, path: str, token: Token) -> int:
