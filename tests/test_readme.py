@@ -109,6 +109,6 @@ def test_cpp_example_is_the_generated_header() -> None:
     from soagen.generator.cpp import generate_cpp
 
     text = (REPO / "README.md").read_text()
-    section = text.split("## C++ and CMSSW", 1)[1].split("\n## ", 1)[0]
+    section = text.split("### `soagen generate --lang cpp`", 1)[1].split("\n### ", 1)[0]
     shown = re.findall(r"```cpp\n(.+?)```", section, re.DOTALL)
     assert shown == [generate_cpp(load("schemas/gnn.soa").unwrap())["gnn"]]

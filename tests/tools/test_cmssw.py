@@ -327,7 +327,7 @@ def test_cli_prints_one_header_to_stdout_and_reports_errors(
 
 def test_readme_worked_example_is_what_the_importer_writes(tmp_path: Path) -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Importing CMSSW headers", 1)[1].split("\n### ", 1)[0]
+    section = readme.split("### `soagen import-cmssw`", 1)[1].split("\n### ", 1)[0]
     header_text = section.split("```cpp\n", 1)[1].split("```", 1)[0]
     schema = section.split("gives:\n\n```\n", 1)[1].split("```", 1)[0]
     header = tmp_path / "CaloHitSoA.h"
