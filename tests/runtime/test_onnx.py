@@ -292,7 +292,10 @@ def test_the_readme_gnn_equals_ort_and_eager(
         torch.testing.assert_close(scores.score, want, rtol=1e-5, atol=1e-6)
         with torch.no_grad():
             eager = net(
-                *(c.block(s.block).contiguous() for c, s in zip(collections.values(), model.INPUTS))
+                *(
+                    c.block(s.block).contiguous()
+                    for c, s in zip(collections.values(), model.INPUTS, strict=True)
+                )
             )
         torch.testing.assert_close(scores.score, eager, rtol=1e-4, atol=1e-5)
         bad = edges.src[0].item()
