@@ -221,8 +221,8 @@ def test_array_packed_and_scalar_blocks_equal_ort_on_contiguous_copies(
     modules: dict[int, ModuleType], files: dict[str, Path], align: int
 ) -> None:
     module = modules[align]
-    for name in ("array", "array_positional"):
-        model = module.ArrayNet.load(files[name])
+    for name, mode in (("array", "in_place"), ("array", "staged"), ("array_positional", "staged")):
+        model = module.ArrayNet.load(files[name], backend_options={"outputs": mode})
         assert model.backend == "onnxruntime"
         for n in (0, 1, 5, 130):
             hits = _hits(module, n, seed=n)
@@ -247,6 +247,7 @@ def test_array_packed_and_scalar_blocks_equal_ort_on_contiguous_copies(
         torch.testing.assert_close(out.score[start:stop], score, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.pair[start:stop], pair, rtol=1e-5, atol=1e-5)
     # Outputs are written row by row: the elements around a slice keep their values.
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
     out = module.Out.allocate(200, zero=True)
     model(hits.slice(40, 60), out=out.slice(40, 60))
     assert not out.score[:40].any() and not out.score[60:].any() and out.score[40:60].all()
@@ -262,8 +263,8 @@ def test_batch_size_and_staged_outputs_equal_in_place(
 ) -> None:
     module = modules[32]
     hits = _hits(module, 300, seed=3)
-    in_place = module.ArrayNet.load(files["array"])
-    staged = module.ArrayNet.load(files["array"], backend_options={"outputs": "staged"})
+    in_place = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
+    staged = module.ArrayNet.load(files["array"])
     whole, batched, via_stage = (module.Out.allocate(300, zero=True) for _ in range(3))
     in_place(hits, out=whole)
     in_place(hits, out=batched, batch_size=64)
@@ -309,7 +310,7 @@ def test_no_copy_on_the_call_path(modules: dict[int, ModuleType], files: dict[st
     """ONNX Runtime reads the blocks and writes the output rows at the buffers' own addresses:
     torch copies nothing during the call."""
     module = modules[32]
-    model = module.ArrayNet.load(files["array"])
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
     hits, out = _hits(module, 1000, seed=1), module.Out.allocate(1000)
     model(hits, out=out)  # the first call also runs the check against the original model
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -317,7 +318,7 @@ def test_no_copy_on_the_call_path(modules: dict[int, ModuleType], files: dict[st
     names = {event.name for event in profile.events()}
     assert not {"aten::copy_", "aten::clone", "aten::contiguous"} & names, names
     # The probe sees copies where there are: staged outputs take one per output.
-    staged = module.ArrayNet.load(files["array"], backend_options={"outputs": "staged"})
+    staged = module.ArrayNet.load(files["array"])
     staged(hits, out=out)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         staged(hits, out=out)
@@ -367,8 +368,8 @@ def test_outputs_over_their_inputs_are_refused_in_place_and_staged_otherwise(
     out = module.Out.allocate(50)
     out.score.copy_(torch.arange(50.0))
     with pytest.raises(BindingError, match="backend_options=\\{'outputs': 'staged'\\}"):
-        module.Doubler.load(files["doubler"])(out, out=out)
-    module.Doubler.load(files["doubler"], backend_options={"outputs": "staged"})(out, out=out)
+        module.Doubler.load(files["doubler"], backend_options={"outputs": "in_place"})(out, out=out)
+    module.Doubler.load(files["doubler"])(out, out=out)
     torch.testing.assert_close(out.score, torch.arange(50.0) * 2)
 
 
@@ -423,7 +424,7 @@ def test_a_wrong_adaptation_is_caught_by_the_first_call(
     monkeypatch.setattr(soagen_onnx, "adapt", swapping)
     monkeypatch.setattr(soagen_onnx, "_adapted_cache", {})
     module = modules[256]
-    model = module.ArrayNet.load(files["array"])
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
     hits, out = _hits(module, 20, seed=2), module.Out.allocate(20)
     out.buffer.fill_(7)
     held = out.buffer.clone()
