@@ -13,6 +13,7 @@ returns; `soagen.runtime.model` checks that before anything is written.
 | torchscript | `torch.jit.ScriptModule`, `.pt` file        | `torch.jit.load(map_location=device)` |
 | compile     | `nn.Module` (with `backend="compile"`)      | `torch.compile(module, dynamic=True)` |
 | aot         | `.pt2` package made by `soagen compile`     | AOTInductor, see `soagen.runtime.aot` |
+| onnxruntime | `.onnx` file                                | ONNX Runtime, see `soagen.runtime.onnx` |
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ if typing.TYPE_CHECKING:
     from soagen.runtime.agreement import Disagreement
     from soagen.runtime.model import ModelBinding
 
-KINDS = ("eager", "torchscript", "compile", "aot")
+KINDS = ("eager", "torchscript", "compile", "aot", "onnxruntime")
 
 # INFO: a `torch.compile` runner's first call, which compiles (seconds to minutes) before it returns.
 logger = logging.getLogger(__name__)
@@ -60,6 +61,12 @@ class Backend(abc.ABC):
     # Inputs the model is known to write into before it runs (recorded in AOT packages, whose
     # writes move no version counter): the binding refuses it unless inputs are protected.
     writes_inputs: tuple[str, ...] = ()
+    # Whether the output blocks may lie over memory the inputs are read from: true where outputs
+    # are written only after the model has run (the binding then skips its overlap check).
+    outputs_may_overlap_inputs: bool = False
+    # Whether the backend reads each input block's storage itself (an ONNX graph adapted to it):
+    # a `contiguous` copy would only cost a copy.
+    adapts_inputs: typing.ClassVar[bool] = False
 
     def __init__(self, description: str) -> None:
         self.description = description
@@ -512,20 +519,29 @@ def load_backend(
     kind: str | None,
     binding: type[ModelBinding],
     fallback_to_eager: bool = False,
+    options: Mapping[str, object] | None = None,
 ) -> Backend:
     """The backend for a model object or file; `kind` forces one of `KINDS`. `fallback_to_eager`
-    is for "compile" (see `CompileBackend`)."""
+    is for "compile" (see `CompileBackend`); `options` for "onnxruntime" (`OnnxBackend`'s keyword
+    arguments)."""
     if fallback_to_eager and kind != "compile":
         raise ModelLoadError(
             f"fallback_to_eager is for backend='compile' (whose graphs are checked against the "
             f"eager model as they compile); got backend={kind!r}"
+        )
+    if options and not (
+        kind == "onnxruntime"
+        or (kind is None and isinstance(model, (str, os.PathLike)) and _is_onnx(Path(model)))
+    ):
+        raise ModelLoadError(
+            f"backend_options are for ONNX models (backend='onnxruntime'); got backend={kind!r}"
         )
     if isinstance(model, Backend) and kind is None:
         return model  # made by the caller: a remote binding's, say (`soagen.serving.client`)
     if kind is not None and kind not in KINDS:
         raise ModelLoadError(f"backend must be one of {', '.join(KINDS)}; got {kind!r}")
     if isinstance(model, (str, os.PathLike)):
-        return _from_file(Path(model), kind, binding)
+        return _from_file(Path(model), kind, binding, options or {})
     import torch
 
     if isinstance(model, torch.jit.ScriptModule):
@@ -542,14 +558,17 @@ def load_backend(
         raise ModelLoadError(
             f"backend={kind!r} needs a model file; for an nn.Module use 'eager' or 'compile'"
             + (", or build a .pt2 with `soagen compile`" if kind == "aot" else "")
+            + (", or export it with torch.onnx.export" if kind == "onnxruntime" else "")
         )
     raise ModelLoadError(
-        f"{binding.NAME}: a model is an nn.Module, a TorchScript module or a path to a .pt or "
-        f".pt2 file; got {type(model).__name__}"
+        f"{binding.NAME}: a model is an nn.Module, a TorchScript module or a path to a .pt, "
+        f".pt2 or .onnx file; got {type(model).__name__}"
     )
 
 
-def _from_file(path: Path, kind: str | None, binding: type[ModelBinding]) -> Backend:
+def _from_file(
+    path: Path, kind: str | None, binding: type[ModelBinding], options: Mapping[str, object]
+) -> Backend:
     if not path.is_file():
         raise ModelLoadError(f"model file {str(path)!r} does not exist or is not a file")
     found = file_kind(path)
@@ -559,21 +578,48 @@ def _from_file(path: Path, kind: str | None, binding: type[ModelBinding]) -> Bac
         from soagen.runtime.aot import AotBackend
 
         return AotBackend(path, binding)
+    if found == "onnxruntime":
+        from soagen.runtime.onnx import OnnxBackend
+
+        try:
+            return OnnxBackend(path, binding, **options)  # type: ignore[arg-type]
+        except TypeError as error:  # an option OnnxBackend does not take
+            raise ModelLoadError(f"backend_options: {error}") from None
     return TorchScriptBackend(path)
 
 
 # What each `file_kind` is, for messages.
-FILE_KINDS = {"aot": "an AOTInductor package (.pt2)", "torchscript": "a TorchScript file (.pt)"}
+FILE_KINDS = {
+    "aot": "an AOTInductor package (.pt2)",
+    "torchscript": "a TorchScript file (.pt)",
+    "onnxruntime": "an ONNX model (.onnx)",
+}
+
+
+def _is_onnx(path: Path) -> bool:
+    """Whether the file starts as a serialized ONNX ModelProto does: protobuf writes fields in
+    number order, and every exporter sets field 1, `ir_version` (a small varint). `onnx.load`
+    then reads the whole file."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(2)
+    except OSError:
+        return False
+    return len(head) == 2 and head[0] == 0x08 and 0 < head[1] < 0x80
 
 
 def file_kind(path: Path) -> str:
-    """ "torchscript" or "aot", from the archive's entries (the suffix alone proves nothing)."""
+    """ "torchscript" or "aot", from the archive's entries (the suffix alone proves nothing), or
+    "onnxruntime" for an ONNX model."""
+    if _is_onnx(path):
+        return "onnxruntime"
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError) as error:
         raise ModelLoadError(
-            f"{path} is not a TorchScript (.pt) or AOTInductor (.pt2) archive: {error}"
+            f"{path} is not a TorchScript (.pt) or AOTInductor (.pt2) archive, nor an ONNX model: "
+            f"{error}"
         ) from None
     if any("/aotinductor/" in name or name.startswith("aotinductor/") for name in names):
         return "aot"

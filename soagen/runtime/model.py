@@ -72,11 +72,15 @@ class ModelBinding:
         index_bounds: Mapping[str, str | None] | None = None,
         contiguous: Iterable[str] = (),
         fallback_to_eager: bool = False,
+        backend_options: Mapping[str, object] | None = None,
     ) -> None:
-        """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2` file.
+        """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2`/`.onnx`
+        file.
 
-        `backend` forces one of "eager", "torchscript", "compile", "aot"; by default it follows the
-        object or the file. `protect_inputs=True` runs the model on copies of the input collections,
+        `backend` forces one of "eager", "torchscript", "compile", "aot", "onnxruntime"; by
+        default it follows the object or the file (its content, not its suffix). `backend_options`
+        go to the ONNX Runtime backend (`providers`, `session_options`, `outputs`: see
+        `soagen.runtime.onnx.OnnxBackend`). `protect_inputs=True` runs the model on copies of the input collections,
         for models that write into their inputs. Each integer input the schema declares with
         `indexes NAME` has its values checked to lie in `[0, n)`, n the element count of input
         NAME, before each call, because an out-of-range index inside compiled kernels aborts the
@@ -106,7 +110,11 @@ class ModelBinding:
                     f"{spec.block.layout}; an output block must hold columns"
                 )
         self._backend: Backend = load_backend(
-            model, kind=backend, binding=type(self), fallback_to_eager=fallback_to_eager
+            model,
+            kind=backend,
+            binding=type(self),
+            fallback_to_eager=fallback_to_eager,
+            options=backend_options,
         )
         self.protect_inputs = protect_inputs
         if self._backend.writes_inputs and not protect_inputs:
@@ -166,15 +174,18 @@ class ModelBinding:
         protect_inputs: bool = False,
         index_bounds: Mapping[str, str | None] | None = None,
         contiguous: Iterable[str] = (),
+        backend_options: Mapping[str, object] | None = None,
     ) -> _M:
-        """Load a model file: TorchScript (`.pt`) or an AOTInductor package (`.pt2`) built by
-        `soagen compile`, which is refused if it was built for another schema or layout."""
+        """Load a model file: TorchScript (`.pt`), an AOTInductor package (`.pt2`) built by
+        `soagen compile`, which is refused if it was built for another schema or layout, or an
+        ONNX model (`.onnx`), whose inputs and outputs are checked against the schema's."""
         return cls(
             path,
             backend=backend,
             protect_inputs=protect_inputs,
             index_bounds=index_bounds,
             contiguous=contiguous,
+            backend_options=backend_options,
         )
 
     @classmethod
@@ -402,7 +413,11 @@ class ModelBinding:
     ) -> None:
         """Run the model and write its outputs into `targets`, the output blocks (a remote binding
         runs it on its server instead)."""
-        if self._backend.writes_outputs and not self.protect_inputs:
+        if (
+            self._backend.writes_outputs
+            and not self._backend.outputs_may_overlap_inputs
+            and not self.protect_inputs
+        ):
             cls = type(self)
             for i, o in self._shared_members:
                 source, target = cls.INPUTS[i].name, cls.OUTPUTS[o].name
@@ -410,8 +425,12 @@ class ModelBinding:
                     raise BindingError(
                         f"{cls.NAME}: output {target!r} lies in the memory of input {source!r}, "
                         f"and {self._backend.description} writes its outputs while it still "
-                        f"reads its inputs; give the output its own collection, or use a "
-                        f"package built without --write-outputs"
+                        f"reads its inputs; give the output its own collection, or "
+                        + (
+                            "load it with backend_options={'outputs': 'staged'}"
+                            if self._backend.kind == "onnxruntime"
+                            else "use a package built without --write-outputs"
+                        )
                     )
         self._evaluate(inputs, device, targets)
 
@@ -456,7 +475,7 @@ class ModelBinding:
         versions = [view._version for view in views]
         runner = self._backend.on(device)
         arguments = views
-        if self.contiguous:
+        if self.contiguous and not self._backend.adapts_inputs:
             from soagen.runtime.buffers import contiguous_copy
 
             arguments = [

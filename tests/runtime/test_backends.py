@@ -652,7 +652,9 @@ def test_backend_choice_errors() -> None:
     from examples.gnn_model import build_model
     from generated.gnn import EdgeClassifier
 
-    with pytest.raises(ModelLoadError, match="one of eager, torchscript, compile, aot; got 'fast'"):
+    with pytest.raises(
+        ModelLoadError, match="one of eager, torchscript, compile, aot, onnxruntime; got 'fast'"
+    ):
         EdgeClassifier(build_model(), backend="fast")
     with pytest.raises(ModelLoadError, match="backend='aot' needs a model file.*soagen compile"):
         EdgeClassifier(build_model(), backend="aot")

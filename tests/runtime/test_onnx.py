@@ -1,0 +1,468 @@
+"""The ONNX Runtime backend on real ONNX files the tests export themselves (torch.onnx.export).
+
+Every result is compared with ONNX Runtime running the same file on contiguous copies of the blocks
+(`_ort_on_contiguous`), the path the backend replaces, at several element counts (0 and 1 included),
+on slices of collections and at two alignments.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+onnxruntime = pytest.importorskip("onnxruntime")
+numpy = pytest.importorskip("numpy")
+
+import soagen.runtime.onnx as soagen_onnx  # noqa: E402
+from soagen.runtime import (  # noqa: E402
+    BindingError,
+    CompiledModelMismatchError,
+    IndexRangeError,
+    ModelLoadError,
+)
+from tests.helpers import generate_package, import_generated  # noqa: E402
+
+# Every kind of block the adaptation handles: columns in the declared order [c, n], an array
+# column (coefficient-major rows), a packed array column, a scalar, outputs of one and of two rows.
+SCHEMA = """
+layout Hits {{
+    align {align}
+    column float32 x, y, z
+    column float32[2, 3] cov
+    column int16[10] adc packed
+    scalar float32 scale
+}}
+
+layout Out {{
+    align {align}
+    column float32 score
+    column float32[2] pair
+}}
+
+model ArrayNet {{
+    input  points = Hits{{x, y, z}} as [c, n]
+    input  cov    = Hits{{cov}}     as [n, 2, 3]
+    input  adc    = Hits{{adc}}     as [n, 10]
+    input  scale  = Hits{{scale}}   as [n, c]
+    output score  = Out{{score}}    as [n]
+    output pair   = Out{{pair}}     as [n, 2]
+}}
+
+model Doubler {{
+    input  values  = Out{{score}} as [n]
+    output doubled = Out{{score}} as [n]
+}}
+"""
+
+
+class ArrayNet(torch.nn.Module):
+    """Weights every value by its position, so that any value read from the wrong place shows."""
+
+    def forward(self, points, cov, adc, scale):  # type: ignore[no-untyped-def]
+        weights = torch.arange(1.0, 4.0)[:, None]
+        cov_weights = torch.arange(1.0, 7.0).reshape(1, 2, 3)
+        adc_weights = torch.arange(1.0, 11.0)
+        score = (points * weights).sum(0) + (cov * cov_weights).sum((1, 2)) * scale[:, 0]
+        score = score + (adc.float() * adc_weights).sum(1) / 100
+        pair = torch.stack([points[0] * points[1], cov[:, 1, 2] - adc[:, 9].float()], dim=1)
+        return score, pair
+
+
+class Sums(torch.nn.Module):
+    """ArrayNet's inputs and outputs, for any number of point rows."""
+
+    def forward(self, points, cov, adc, scale):  # type: ignore[no-untyped-def]
+        return points.sum(0) + adc.float().sum(1) * scale[:, 0], cov.sum(2)
+
+
+class Doubler(torch.nn.Module):
+    def forward(self, values):  # type: ignore[no-untyped-def]
+        return values * 2
+
+
+def _export(
+    net: torch.nn.Module,
+    example: tuple[Any, ...],
+    path: Path,
+    inputs: list[str],
+    outputs: list[str],
+    dynamic: dict[str, dict[int, str]] | None,
+) -> Path:
+    """The legacy exporter: a fraction of a second per model where the dynamo one takes seconds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            net.eval(),
+            example,
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ModuleType]:
+    """The schema generated at two alignments."""
+    found = {}
+    for align in (32, 256):
+        folder = tmp_path_factory.mktemp(f"onnx{align}")
+        (folder / "hits.soa").write_text(SCHEMA.format(align=align))
+        generate_package(folder / "hits.soa", folder, f"pkg_onnx{align}")
+        found[align] = import_generated(folder, f"pkg_onnx{align}", "hits")
+    return found
+
+
+@pytest.fixture(scope="session")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("onnx_files")
+    n = {1: "n"}
+    first = {0: "n"}
+    example = (
+        torch.randn(3, 5),
+        torch.randn(5, 2, 3),
+        torch.randint(0, 100, (5, 10)).to(torch.int16),
+        torch.randn(5, 1),
+    )
+    names = ["points", "cov", "adc", "scale"]
+    array = {"points": n, "cov": first, "adc": first, "scale": first}
+    array |= {"score": first, "pair": first}
+    found = {
+        "array": _export(
+            ArrayNet(), example, folder / "array.onnx", names, ["score", "pair"], array
+        ),
+        # Positional names: matched to the schema by order.
+        "array_positional": _export(
+            ArrayNet(),
+            example,
+            folder / "positional.onnx",
+            ["a", "b", "c", "d"],
+            ["o1", "o2"],
+            {"a": n, "b": first, "c": first, "d": first, "o1": first, "o2": first},
+        ),
+        "fixed_batch": _export(
+            ArrayNet(), example, folder / "fixed.onnx", names, ["score", "pair"], None
+        ),
+        "wrong_width": _export(
+            Sums(),
+            (torch.randn(4, 5), *example[1:]),
+            folder / "wide.onnx",
+            names,
+            ["score", "pair"],
+            array,
+        ),
+        "doubler": _export(
+            Doubler(),
+            (torch.randn(5),),
+            folder / "doubler.onnx",
+            ["values"],
+            ["doubled"],
+            {"values": first, "doubled": first},
+        ),
+        "doubler_int": _export(
+            Doubler(),
+            (torch.arange(5),),
+            folder / "doubler_int.onnx",
+            ["values"],
+            ["doubled"],
+            {"values": first, "doubled": first},
+        ),
+    }
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from examples.gnn_model import build_model
+
+    found["gnn"] = _export(
+        build_model(),
+        (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
+        folder / "gnn.onnx",
+        ["node_features", "edge_index", "edge_features"],
+        ["edge_scores"],
+        {
+            "node_features": {0: "nodes"},
+            "edge_index": {1: "edges"},
+            "edge_features": {0: "edges"},
+            "edge_scores": {0: "edges"},
+        },
+    )
+    return found
+
+
+def _hits(module: ModuleType, n: int, seed: int) -> Any:
+    generator = torch.Generator().manual_seed(seed)
+    hits = module.Hits.allocate(n)
+    for member in ("x", "y", "z"):
+        getattr(hits, member).copy_(torch.randn(n, generator=generator))
+    hits.cov.copy_(torch.randn(n, 2, 3, generator=generator))
+    hits.adc.copy_(torch.randint(0, 1000, (n, 10), generator=generator).to(torch.int16))
+    hits.scale.fill_(1.5)
+    return hits
+
+
+def _ort_on_contiguous(path: Path, model: Any, collections: dict[str, Any]) -> list[Any]:
+    """ONNX Runtime on contiguous copies of the blocks: the results to equal."""
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for port, spec in zip(session.get_inputs(), model.INPUTS, strict=True):
+        feeds[port.name] = collections[spec.name].block(spec.block).contiguous().numpy()
+    return [torch.from_numpy(result) for result in session.run(None, feeds)]
+
+
+@pytest.mark.parametrize("align", [32, 256])
+def test_array_packed_and_scalar_blocks_equal_ort_on_contiguous_copies(
+    modules: dict[int, ModuleType], files: dict[str, Path], align: int
+) -> None:
+    module = modules[align]
+    for name, mode in (("array", "in_place"), ("array", "staged"), ("array_positional", "staged")):
+        model = module.ArrayNet.load(files[name], backend_options={"outputs": mode})
+        assert model.backend == "onnxruntime"
+        for n in (0, 1, 5, 130):
+            hits = _hits(module, n, seed=n)
+            out = module.Out.allocate(n, zero=True)
+            before = hits.buffer.clone()
+            address = out.buffer.data_ptr()
+            model(hits, out=out)
+            assert torch.equal(hits.buffer, before)  # inputs untouched
+            assert out.buffer.data_ptr() == address
+            if n:
+                score, pair = _ort_on_contiguous(files["array"], model, _bound(model, hits))
+                torch.testing.assert_close(out.score, score, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(out.pair, pair, rtol=1e-5, atol=1e-5)
+    # Slices: in the middle, and at the buffer's end (whose rows are bound from before the slice).
+    hits = _hits(module, 200, seed=7)
+    out = module.Out.allocate(200, zero=True)
+    for start, stop in ((3, 90), (150, 200), (199, 200)):
+        model(hits.slice(start, stop), out=out.slice(start, stop))
+        score, pair = _ort_on_contiguous(
+            files["array"], model, _bound(model, hits.slice(start, stop))
+        )
+        torch.testing.assert_close(out.score[start:stop], score, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.pair[start:stop], pair, rtol=1e-5, atol=1e-5)
+    # Outputs are written row by row: the elements around a slice keep their values.
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
+    out = module.Out.allocate(200, zero=True)
+    model(hits.slice(40, 60), out=out.slice(40, 60))
+    assert not out.score[:40].any() and not out.score[60:].any() and out.score[40:60].all()
+    assert not out.pair[:40].any() and not out.pair[60:].any()
+
+
+def _bound(model: Any, hits: Any) -> dict[str, Any]:
+    return {spec.name: hits for spec in model.INPUTS}
+
+
+def test_batch_size_and_staged_outputs_equal_in_place(
+    modules: dict[int, ModuleType], files: dict[str, Path]
+) -> None:
+    module = modules[32]
+    hits = _hits(module, 300, seed=3)
+    in_place = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
+    staged = module.ArrayNet.load(files["array"])
+    whole, batched, via_stage = (module.Out.allocate(300, zero=True) for _ in range(3))
+    in_place(hits, out=whole)
+    in_place(hits, out=batched, batch_size=64)
+    staged(hits, out=via_stage)
+    torch.testing.assert_close(batched.buffer, whole.buffer, rtol=0, atol=0)
+    torch.testing.assert_close(via_stage.buffer, whole.buffer, rtol=0, atol=0)
+
+
+def test_the_readme_gnn_equals_ort_and_eager(
+    modules: dict[int, ModuleType], files: dict[str, Path]
+) -> None:
+    from examples.gnn_model import build_model, fill_examples
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+
+    model = EdgeClassifier.load(files["gnn"])
+    net = build_model()
+    for nodes_n, edges_n in ((1, 1), (40, 0), (100, 700)):
+        nodes, edges = Nodes.allocate(nodes_n), Edges.allocate(edges_n)
+        fill_examples({"Nodes": nodes, "Edges": edges})
+        scores = EdgeScores.allocate(edges_n, zero=True)
+        model(nodes, edges, out=scores)
+        if not edges_n:
+            continue
+        collections = {"node_features": nodes, "edge_index": edges, "edge_features": edges}
+        (want,) = _ort_on_contiguous(files["gnn"], model, collections)
+        torch.testing.assert_close(scores.score, want, rtol=1e-5, atol=1e-6)
+        with torch.no_grad():
+            eager = net(
+                *(
+                    c.block(s.block).contiguous()
+                    for c, s in zip(collections.values(), model.INPUTS, strict=True)
+                )
+            )
+        torch.testing.assert_close(scores.score, eager, rtol=1e-4, atol=1e-5)
+        bad = edges.src[0].item()
+        edges.src[0] = nodes_n
+        with pytest.raises(IndexRangeError):
+            model(nodes, edges, out=scores)
+        edges.src[0] = bad
+
+
+def test_no_copy_on_the_call_path(modules: dict[int, ModuleType], files: dict[str, Path]) -> None:
+    """ONNX Runtime reads the blocks and writes the output rows at the buffers' own addresses:
+    torch copies nothing during the call."""
+    module = modules[32]
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
+    hits, out = _hits(module, 1000, seed=1), module.Out.allocate(1000)
+    model(hits, out=out)  # the first call also runs the check against the original model
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        model(hits, out=out)
+    names = {event.name for event in profile.events()}
+    assert not {"aten::copy_", "aten::clone", "aten::contiguous"} & names, names
+    # The probe sees copies where there are: staged outputs take one per output.
+    staged = module.ArrayNet.load(files["array"])
+    staged(hits, out=out)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        staged(hits, out=out)
+    assert "aten::copy_" in {event.name for event in profile.events()}
+
+
+def test_mismatched_models_are_refused_naming_both_sides(
+    modules: dict[int, ModuleType], files: dict[str, Path]
+) -> None:
+    module = modules[32]
+    with pytest.raises(ModelLoadError, match="fixed batch size 5") as fixed:
+        module.ArrayNet.load(files["fixed_batch"])
+    assert "the schema: inputs points float32 [3, n]" in str(fixed.value)
+    with pytest.raises(ModelLoadError, match=r"has 4 in dimension 0, the block 3") as wide:
+        module.ArrayNet.load(files["wrong_width"])
+    assert "the ONNX model: inputs points float32 [4, n]" in str(wide.value)
+    with pytest.raises(ModelLoadError, match="it has 3 input"):
+        module.ArrayNet.load(files["gnn"])
+    with pytest.raises(ModelLoadError, match="holds int64, the block float32"):
+        module.Doubler.load(files["doubler_int"])
+    with pytest.raises(ModelLoadError, match="it cannot run with backend='aot'"):
+        module.ArrayNet.load(files["array"], backend="aot")
+    with pytest.raises(ModelLoadError, match="backend_options are for ONNX models"):
+        module.Doubler(Doubler(), backend_options={"outputs": "staged"})
+    with pytest.raises(ModelLoadError, match="outputs must be one of in_place, staged"):
+        module.ArrayNet.load(files["array"], backend_options={"outputs": "later"})
+    with pytest.raises(ModelLoadError, match="SessionOptions has no 'threads'"):
+        module.ArrayNet.load(files["array"], backend_options={"session_options": {"threads": 2}})
+
+
+def test_the_file_kind_comes_from_the_content(
+    modules: dict[int, ModuleType], files: dict[str, Path], tmp_path: Path
+) -> None:
+    renamed = tmp_path / "model.pt"
+    renamed.write_bytes(files["doubler"].read_bytes())
+    model = modules[32].Doubler.load(renamed)
+    assert model.backend == "onnxruntime"
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x07not a model")
+    with pytest.raises(ModelLoadError, match="is not an ONNX model"):
+        modules[32].Doubler.load(tmp_path / "junk.onnx")
+
+
+def test_outputs_over_their_inputs_are_refused_in_place_and_staged_otherwise(
+    modules: dict[int, ModuleType], files: dict[str, Path]
+) -> None:
+    module = modules[32]
+    out = module.Out.allocate(50)
+    out.score.copy_(torch.arange(50.0))
+    with pytest.raises(BindingError, match="backend_options=\\{'outputs': 'staged'\\}"):
+        module.Doubler.load(files["doubler"], backend_options={"outputs": "in_place"})(out, out=out)
+    module.Doubler.load(files["doubler"])(out, out=out)
+    torch.testing.assert_close(out.score, torch.arange(50.0) * 2)
+
+
+def test_session_settings_are_per_session(
+    modules: dict[int, ModuleType], files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = []
+    real = onnxruntime.InferenceSession
+
+    def record(model: Any, options: Any, providers: Any) -> Any:
+        made.append((options.intra_op_num_threads, options.inter_op_num_threads, providers))
+        return real(model, options, providers=providers)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", record)
+    module = modules[32]
+    out = module.Out.allocate(4)
+    module.Doubler.load(files["doubler"])(out, out=module.Out.allocate(4))
+    module.Doubler.load(
+        files["doubler"], backend_options={"session_options": {"intra_op_num_threads": 2}}
+    )(out, out=module.Out.allocate(4))
+    # The adapted model's session, then the original's for the first call's check.
+    assert made[0] == (1, 1, ["CPUExecutionProvider"]) and made[1][:2] == (1, 1)
+    assert made[2][:2] == (2, 1)
+
+
+def test_a_wrong_adaptation_is_caught_by_the_first_call(
+    modules: dict[int, ModuleType], files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test double of the adapter that swaps two input columns: the comparison with the original
+    model raises, and the output blocks keep what they held."""
+    real = soagen_onnx.adapt
+
+    def swapping(model: Any, *args: Any) -> Any:
+        adapted = real(model, *args)
+        for node in adapted.graph.node:
+            if node.op_type == "Transpose" and node.output[0] == "points":
+                raise AssertionError("points is bound as [c, n]: no transpose expected")
+        for node in adapted.graph.node:
+            if node.op_type == "Reshape" and node.output[0] == "points":
+                reversed_rows = "soagen.points.reversed"
+                node.output[0] = reversed_rows
+                index = soagen_onnx_helper().make_tensor("soagen.swap", 7, [3], [1, 0, 2])
+                adapted.graph.initializer.append(index)
+                gather = soagen_onnx_helper().make_node(
+                    "Gather", [reversed_rows, "soagen.swap"], ["points"], axis=0
+                )
+                position = list(adapted.graph.node).index(node)
+                adapted.graph.node.insert(position + 1, gather)
+                return adapted
+        raise AssertionError("no reshape produced points")
+
+    monkeypatch.setattr(soagen_onnx, "adapt", swapping)
+    monkeypatch.setattr(soagen_onnx, "_adapted_cache", {})
+    module = modules[256]
+    model = module.ArrayNet.load(files["array"], backend_options={"outputs": "in_place"})
+    hits, out = _hits(module, 20, seed=2), module.Out.allocate(20)
+    out.buffer.fill_(7)
+    held = out.buffer.clone()
+    with pytest.raises(CompiledModelMismatchError, match="disagrees with the original model"):
+        model(hits, out=out)
+    assert torch.equal(out.buffer, held)
+
+
+def soagen_onnx_helper() -> Any:
+    from onnx import helper
+
+    return helper
+
+
+def test_missing_packages_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch, files: dict[str, Path], modules: dict[int, ModuleType]
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ModelLoadError, match=r"pip install 'soagen\[onnx\]'"):
+        modules[32].Doubler.load(files["doubler"])
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or "CUDAExecutionProvider" not in onnxruntime.get_available_providers(),
+    reason="needs a GPU and onnxruntime-gpu",
+)
+def test_cuda_collections_run_on_the_callers_stream(
+    modules: dict[int, ModuleType], files: dict[str, Path]
+) -> None:
+    module = modules[32]
+    model = module.ArrayNet.load(files["array"])
+    hits = _hits(module, 300, seed=5)
+    on_host = module.Out.allocate(300)
+    model(hits, out=on_host)
+    gpu_hits, gpu_out = hits.to("cuda"), module.Out.allocate(300, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    model(gpu_hits, out=gpu_out, stream=stream)
+    stream.synchronize()
+    torch.testing.assert_close(gpu_out.buffer.cpu(), on_host.buffer, rtol=1e-5, atol=1e-5)
