@@ -38,7 +38,8 @@ class Command:
     name: str
     help: str
     options: tuple[Option, ...]
-    # What its positional arguments complete: "schema" (.soa files and folders) or a word list.
+    # What its positional arguments complete: "schema" (.soa files and folders), "header" (C++
+    # headers and folders) or a word list.
     positional: tuple[str, ...] | str | None
 
 
@@ -76,6 +77,8 @@ def describe(parser: argparse.ArgumentParser, codes: tuple[str, ...]) -> list[Co
                     positional = codes
                 elif sub_action.choices:
                     positional = tuple(str(c) for c in sub_action.choices)
+                elif sub_action.metavar == "HEADER":
+                    positional = "header"
                 else:
                     positional = "schema"
             commands.append(Command(name, helps.get(name, ""), tuple(options), positional))
@@ -111,6 +114,11 @@ def bash(commands: list[Command], program: str) -> str:
             positional_cases.append(
                 f'        {command.name}) COMPREPLY=($(compgen -W "{_words(command.positional)}" '
                 '-- "$cur")); return ;;'
+            )
+        elif command.positional == "header":
+            positional_cases.append(
+                f"        {command.name}) COMPREPLY=($(compgen -f -X '!*.h*' -- \"$cur\") "
+                '$(compgen -d -- "$cur")); return ;;'
             )
     function = f"_{program}_complete"
     return "\n".join(
@@ -186,6 +194,8 @@ def zsh(commands: list[Command], program: str) -> str:
             specs.append(f"'*:value:({' '.join(command.positional)})'")
         elif command.positional == "schema":
             specs.append("'*:schema:_files -g \"*.soa\"'")
+        elif command.positional == "header":
+            specs.append("'*:header:_files -g \"*.(h|hh|hpp|hxx)\"'")
         joined = " \\\n                ".join(specs)
         cases.append(
             f"        {command.name})\n            _arguments \\\n                {joined}\n            ;;"
@@ -247,6 +257,8 @@ def fish(commands: list[Command], program: str) -> str:
             lines.append(f"complete -c {program} -n {seen} -a '{' '.join(command.positional)}'")
         elif command.positional == "schema":
             lines.append(f"complete -c {program} -n {seen} -k -a '(__fish_complete_suffix .soa)'")
+        elif command.positional == "header":
+            lines.append(f"complete -c {program} -n {seen} -k -a '(__fish_complete_suffix .h)'")
     lines.append(f"# commands: {names}")
     return "\n".join(lines) + "\n"
 

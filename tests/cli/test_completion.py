@@ -60,6 +60,15 @@ def test_bash_completes_commands_options_choices_codes_and_schemas(tmp_path: Pat
     # Schemas: .soa files and folders, nothing else.
     assert _complete(script, ["soagen", "lint", ""], tmp_path) == ["a.soa", "schemas"]
     assert _complete(script, ["soagen", "generate", "-o", ""], tmp_path) == ["schemas"]
+    # Headers: C++ headers and folders.
+    (tmp_path / "HitsSoA.h").write_text("")
+    (tmp_path / "Tracks.hpp").write_text("")
+    assert _complete(script, ["soagen", "import-cmssw", ""], tmp_path) == [
+        "HitsSoA.h",
+        "Tracks.hpp",
+        "schemas",
+    ]
+    assert _complete(script, ["soagen", "lint", ""], tmp_path) == ["a.soa", "schemas"]
 
 
 def test_every_command_is_in_every_script() -> None:
