@@ -6,6 +6,7 @@ PyPI, as CI has. One environment build: both files go through one `try-repo` run
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_cli
 
 pytest.importorskip("pre_commit")
 
@@ -83,3 +84,27 @@ def test_lint_hook_rejects_a_bad_schema_and_passes_a_good_one(tmp_path: Path) ->
     # Both files were linted in the one run, and the good one has nothing to say.
     assert "findings in 2 files" in output
     assert "good.soa" not in output
+
+    # The C++ check hook, from the same hook environment: stale headers fail it, fresh ones pass.
+    (project / "schemas").mkdir()
+    (project / "schemas" / "good.soa").write_text(GOOD)
+    _git(project, "add", "-A")
+
+    def check_cpp() -> tuple[int, str]:
+        ran = subprocess.run(
+            [sys.executable, "-m", "pre_commit", "try-repo", str(hooks), "soagen-check-cpp"]
+            + ["--color", "never", "--all-files"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        return ran.returncode, ran.stdout + ran.stderr
+
+    status, output = check_cpp()
+    assert status == 1 and "generated/good.h" in output, output
+    with contextlib.chdir(project):
+        assert run_cli("generate", "--lang", "cpp", "schemas", "-o", "generated")[0] == 0
+    _git(project, "add", "-A")
+    status, output = check_cpp()
+    assert status == 0 and "Passed" in output, output
