@@ -414,17 +414,22 @@ def adapt(
             expanded = f"soagen.{prefix}.expanded"
             nodes.append(helper.make_node("Expand", [sliced, shape], [expanded]))
             sliced = expanded
-        dims = [storage.sizes[a] for a in storage.row_axes]
-        if storage.element_axis is not None:
-            dims.append(-1)
-        dims += [storage.sizes[a] for a in storage.inner_axes]
-        perm = [storage.order.index(axis) for axis in range(len(storage.axes))]
-        reshaped = port.name if perm == sorted(perm) else f"soagen.{prefix}.storage_order"
+        for step, (dims, perm) in enumerate(axis_moves(storage)):
+            grouped, moved = f"soagen.{prefix}.grouped{step}", f"soagen.{prefix}.moved{step}"
+            nodes.append(
+                helper.make_node(
+                    "Reshape", [sliced, constant(f"{prefix}.groups{step}", dims)], [grouped]
+                )
+            )
+            nodes.append(helper.make_node("Transpose", [grouped], [moved], perm=perm))
+            sliced = moved
+        declared = [
+            -1 if axis == storage.element_axis else storage.sizes[axis]
+            for axis in range(len(storage.axes))
+        ]
         nodes.append(
-            helper.make_node("Reshape", [sliced, constant(f"{prefix}.dims", dims)], [reshaped])
+            helper.make_node("Reshape", [sliced, constant(f"{prefix}.dims", declared)], [port.name])
         )
-        if reshaped != port.name:
-            nodes.append(helper.make_node("Transpose", [reshaped], [port.name], perm=perm))
     if mode == "in_place":
         del graph.output[:]
         for position, (spec, port) in enumerate(zip(binding.OUTPUTS, outputs, strict=True)):
@@ -462,6 +467,41 @@ def adapt(
     del graph.node[:]
     graph.node.extend([*nodes, *original, *output_nodes])
     return adapted
+
+
+def axis_moves(storage: BlockStorage) -> list[tuple[list[int], list[int]]]:
+    """Transposes taking an input's values from storage order to the declared order, as
+    (Reshape dims, Transpose perm) pairs: each moves one declared axis outwards to its place,
+    its neighbours merged into groups, so that every Transpose is one of `[A, B] -> [B, A]`,
+    `[A, B, C] -> [B, A, C]`, `[A, B, C] -> [A, C, B]` or `[A, B, C, D] -> [A, C, B, D]`.
+
+    ONNX Runtime transposes such single-axis moves with MLAS's blocked 2-D transposes or row
+    copies; a general permutation (`[32, 17, n] -> [n, 17, 32]` for a column of 17x32 Eigen
+    matrices) goes element by element, about ten times slower per value. The element axis is
+    always moved first, so the later moves shuffle values within one element.
+    """
+    current = list(storage.order)
+
+    def extent(axes: Sequence[int]) -> int:
+        if storage.element_axis in axes:
+            return -1  # the element count: inferred by Reshape, all other extents static
+        return _product(storage.sizes, axes)
+
+    moves = []
+    for place in range(len(current)):
+        at = current.index(place)
+        if at == place:
+            continue
+        groups = [current[:place], current[place:at], [place], current[at + 1 :]]
+        current.insert(place, current.pop(at))
+        kept = [g for g in groups if g and extent(g) != 1]
+        if groups[1] not in kept or groups[2] not in kept:
+            continue  # one of the swapped groups holds a single value: no value moves
+        perm = list(range(len(kept)))
+        first = kept.index(groups[1])
+        perm[first], perm[first + 1] = first + 1, first
+        moves.append(([extent(g) for g in kept], perm))
+    return moves
 
 
 def row_outputs(binding: str, rows: int) -> list[str]:
