@@ -196,7 +196,7 @@ def _build_package(
         arguments = list(inputs)
         variable: list[bool] = []  # per output written: its element count follows an input's
         if variant.write_outputs:
-            arguments += _example_outputs(binding, layouts, results, device)
+            arguments += example_outputs(binding, layouts, results, device)
             wrapped = _IntoOutputs(wrapped, len(inputs))
             # Every input layout's example count is its own (A * k + 1): an output of another
             # count is a fixed one (a total per event, say), exported as that number.
@@ -309,7 +309,7 @@ class _IntoOutputs(torch.nn.Module):
         return ()
 
 
-def _example_outputs(
+def example_outputs(
     binding: type[ModelBinding],
     layouts: Mapping[str, type[Collection]],
     results: Sequence[torch.Tensor],
@@ -549,7 +549,7 @@ def _verify(
         except Exception:
             continue  # the eager model itself does not take these sizes (n = 1, say)
         if backend.writes_outputs:
-            actual = _example_outputs(binding, layouts, expected, device)
+            actual = example_outputs(binding, layouts, expected, device)
             for view in actual:
                 view.fill_(-7)  # so that an output the package does not write shows
             with torch.inference_mode():

@@ -26,7 +26,10 @@ from soagen.cli.common import (
 )
 from soagen.dsl.loader import load
 
-HELP = "compile a model ahead of time (AOTInductor) into a .pt2 package for its binding"
+HELP = (
+    "compile a model ahead of time for its binding: an AOTInductor package (-o FILE.pt2) or an "
+    "ONNX file taking the blocks' storage (-o FILE.onnx)"
+)
 EXAMPLE = (
     "soagen compile schemas/gnn.soa --model EdgeClassifier "
     "--factory examples/gnn_model.py:build_model --device cpu -o edge_classifier.pt2 "
@@ -46,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         type=path_argument,
-        metavar="FILE.pt2",
-        help="the package to write",
+        metavar="FILE.pt2|FILE.onnx",
+        help="the package to write; its suffix chooses the format (.onnx: for ONNX Runtime)",
     )
     add_index_argument(
         parser,
@@ -75,19 +78,51 @@ def run(args: argparse.Namespace, output: Output) -> int:
         print(f"soagen compile: {line}", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
+    if str(args.output).endswith(".onnx"):
+        refused = [
+            option
+            for option, given in (
+                ("--columnwise", args.columnwise),
+                ("--write-outputs", args.write_outputs),
+                (f"--device {args.device}", args.device != "cpu"),
+            )
+            if given
+        ]
+        if refused:
+            raise UsageError(
+                f"{', '.join(refused)}: for .pt2 packages; an ONNX file is exported for the CPU "
+                f"(ONNX Runtime chooses its execution provider at load)"
+            )
     try:
-        path = compile_model(
-            paths[0],
-            args.model,
-            args.factory,
-            output=args.output,
-            device=args.device,
-            index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None,
-            columnwise=args.columnwise,
-            write_outputs=args.write_outputs,
-            examples=args.examples,
-            progress=progress,
-        )
+        if str(args.output).endswith(".onnx"):
+            from soagen.build.onnx_export import export_onnx
+
+            path = export_onnx(
+                paths[0],
+                args.model,
+                args.factory,
+                output=args.output,
+                index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE)
+                if args.index
+                else None,
+                examples=args.examples,
+                progress=progress,
+            )
+        else:
+            path = compile_model(
+                paths[0],
+                args.model,
+                args.factory,
+                output=args.output,
+                device=args.device,
+                index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE)
+                if args.index
+                else None,
+                columnwise=args.columnwise,
+                write_outputs=args.write_outputs,
+                examples=args.examples,
+                progress=progress,
+            )
     except CommandError as error:
         return command_failed(error, output, usage=error.usage)
     seconds = time.perf_counter() - start

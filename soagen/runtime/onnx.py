@@ -86,6 +86,11 @@ _REFERENCE_N = 1_000_003
 # The adapted graph's input holding each input's (start, stop, element count).
 RANGES_INPUT = "soagen.ranges"
 
+# The metadata_props key of an ONNX file `soagen compile` wrote, whose inputs already take the
+# blocks' storage: JSON naming its format, the binding it was exported for and its storage rows.
+METADATA_KEY = "soagen"
+METADATA_FORMAT = "soagen-onnx-storage-1"
+
 
 def import_onnx() -> tuple[typing.Any, typing.Any]:
     """The `onnx` and `onnxruntime` modules, or a ModelLoadError naming the extra to install."""
@@ -331,13 +336,14 @@ def _misfit(spec: BindingSpec, port: _Port, storage: BlockStorage) -> str | None
 def adapt(
     model: typing.Any,
     binding: type[ModelBinding],
-    inputs: Sequence[_Port],
+    inputs: Sequence[_Port] | None,
     outputs: Sequence[_Port],
     storages: Mapping[str, BlockStorage],
     mode: str,
 ) -> typing.Any:
     """A copy of the ONNX model whose inputs take the blocks' storage (see the module's doc) and
-    whose outputs are each output block's rows (mode "in_place") or the model's own ("staged")."""
+    whose outputs are each output block's rows (mode "in_place") or the model's own ("staged").
+    `inputs` None: the model's inputs take the storage already (a `soagen compile` file)."""
     import onnx
     from onnx import helper
 
@@ -362,6 +368,60 @@ def adapt(
         constants.append(helper.make_tensor(full, onnx.TensorProto.INT64, [len(values)], values))
         return full
 
+    if inputs is not None:
+        nodes = adapted_inputs(graph, binding, inputs, storages, constant)
+    if mode == "in_place":
+        del graph.output[:]
+        for position, (spec, port) in enumerate(zip(binding.OUTPUTS, outputs, strict=True)):
+            storage = storages[spec.name]
+            prefix = f"{spec.name}.out{position}"
+            perm = list(storage.order)
+            source = port.name
+            if perm != sorted(perm):
+                source = f"soagen.{prefix}.storage_order"
+                output_nodes.append(helper.make_node("Transpose", [port.name], [source], perm=perm))
+            rows = row_outputs(spec.name, storage.rows)
+            flat = rows[0] if len(rows) == 1 else f"soagen.{prefix}.rows"
+            output_nodes.append(
+                helper.make_node(
+                    "Reshape", [source, constant(f"{prefix}.flat", [storage.rows, -1])], [flat]
+                )
+            )
+            if len(rows) > 1:
+                output_nodes.append(
+                    helper.make_node(
+                        "Split",
+                        [flat, constant(f"{prefix}.split", [1] * len(rows))],
+                        rows,
+                        axis=0,
+                    )
+                )
+            element_type = ONNX_ELEMENT_TYPES[storage.dtype]
+            for row in rows:
+                graph.output.append(
+                    helper.make_tensor_value_info(row, element_type, [1, f"{spec.name}_values"])
+                )
+    graph.initializer.extend(constants)
+    # The adaptation's nodes first: graphs are topologically sorted, and they feed the model's.
+    original = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *original, *output_nodes])
+    return adapted
+
+
+def adapted_inputs(
+    graph: typing.Any,
+    binding: type[ModelBinding],
+    inputs: Sequence[_Port],
+    storages: Mapping[str, BlockStorage],
+    constant: typing.Callable[[str, Sequence[int]], str],
+) -> list[typing.Any]:
+    """Replace the graph's inputs with the blocks' storage and the ranges input: the nodes that
+    slice and reorder them into the model's inputs (see the module's doc)."""
+    import onnx
+    from onnx import helper
+
+    nodes: list[typing.Any] = []
     original_inputs = {port.name for port in inputs}
     kept = [value for value in graph.input if value.name not in original_inputs]
     del graph.input[:]
@@ -430,43 +490,7 @@ def adapt(
         nodes.append(
             helper.make_node("Reshape", [sliced, constant(f"{prefix}.dims", declared)], [port.name])
         )
-    if mode == "in_place":
-        del graph.output[:]
-        for position, (spec, port) in enumerate(zip(binding.OUTPUTS, outputs, strict=True)):
-            storage = storages[spec.name]
-            prefix = f"{spec.name}.out{position}"
-            perm = list(storage.order)
-            source = port.name
-            if perm != sorted(perm):
-                source = f"soagen.{prefix}.storage_order"
-                output_nodes.append(helper.make_node("Transpose", [port.name], [source], perm=perm))
-            rows = row_outputs(spec.name, storage.rows)
-            flat = rows[0] if len(rows) == 1 else f"soagen.{prefix}.rows"
-            output_nodes.append(
-                helper.make_node(
-                    "Reshape", [source, constant(f"{prefix}.flat", [storage.rows, -1])], [flat]
-                )
-            )
-            if len(rows) > 1:
-                output_nodes.append(
-                    helper.make_node(
-                        "Split",
-                        [flat, constant(f"{prefix}.split", [1] * len(rows))],
-                        rows,
-                        axis=0,
-                    )
-                )
-            element_type = ONNX_ELEMENT_TYPES[storage.dtype]
-            for row in rows:
-                graph.output.append(
-                    helper.make_tensor_value_info(row, element_type, [1, f"{spec.name}_values"])
-                )
-    graph.initializer.extend(constants)
-    # The adaptation's nodes first: graphs are topologically sorted, and they feed the model's.
-    original = list(graph.node)
-    del graph.node[:]
-    graph.node.extend([*nodes, *original, *output_nodes])
-    return adapted
+    return nodes
 
 
 def axis_moves(storage: BlockStorage) -> list[tuple[list[int], list[int]]]:
@@ -502,6 +526,82 @@ def axis_moves(storage: BlockStorage) -> list[tuple[list[int], list[int]]]:
         perm[first], perm[first + 1] = first + 1, first
         moves.append(([extent(g) for g in kept], perm))
     return moves
+
+
+def storage_metadata(binding: type[ModelBinding]) -> dict[str, object]:
+    """What an ONNX file whose inputs take the blocks' storage records in its metadata_props
+    (under METADATA_KEY), read back by `exported_metadata`."""
+    import soagen
+    from soagen.runtime.aot import describe_binding
+
+    return {
+        "format": METADATA_FORMAT,
+        "soagen_version": soagen.__version__,
+        "schema": binding.SCHEMA,
+        "binding": describe_binding(binding),
+        "ranges_input": RANGES_INPUT,
+        "storage_inputs": {
+            spec.name: [f"soagen.{spec.name}", block_storage(spec).rows] for spec in binding.INPUTS
+        },
+    }
+
+
+def exported_metadata(
+    model: typing.Any, binding: type[ModelBinding], source: str
+) -> dict[str, object] | None:
+    """The soagen metadata of a file `soagen compile` wrote (its inputs take the blocks'
+    storage), None for any other ONNX file; ModelLoadError where it was written for another
+    binding or geometry, naming what differs."""
+    import json
+
+    text = next((p.value for p in model.metadata_props if p.key == METADATA_KEY), None)
+    if text is None:
+        return None
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        raise ModelLoadError(f"{source}: its {METADATA_KEY!r} metadata is not JSON") from None
+    expected = json.loads(json.dumps(storage_metadata(binding)))  # tuples as JSON lists
+    differ = [
+        key
+        for key in ("format", "binding", "ranges_input", "storage_inputs")
+        if recorded.get(key) != expected[key]
+    ]
+    if differ:
+        shown = "; ".join(
+            f"{key}: the file {json.dumps(recorded.get(key))}, {binding.NAME} "
+            f"{json.dumps(expected[key])}"
+            for key in differ
+        )
+        raise ModelLoadError(
+            f"{source} was exported by soagen compile for another binding or block geometry "
+            f"than {binding.NAME} of this schema ({shown}): export it again from this schema"
+        )
+    return typing.cast(dict[str, object], recorded)
+
+
+def storage_file_outputs(
+    source: str,
+    binding: type[ModelBinding],
+    model: typing.Any,
+    storages: Mapping[str, BlockStorage],
+) -> list[_Port]:
+    """The outputs of a file whose inputs take the storage, in schema order, checked as
+    `match_ports` checks any model's (its metadata vouched for the inputs)."""
+    ports = _ports(model.graph.output)
+    by_name = {port.name: port for port in ports}
+    problems = []
+    for spec in binding.OUTPUTS:
+        port = by_name.get(spec.name)
+        problem = "is missing" if port is None else _misfit(spec, port, storages[spec.name])
+        if problem:
+            problems.append(f"output {spec.name!r} {problem}")
+    if problems:
+        raise ModelLoadError(
+            f"{source} does not fit {binding.NAME}: {'; '.join(problems)} (the model's outputs: "
+            f"{', '.join(p.described() for p in ports)})"
+        )
+    return [by_name[spec.name] for spec in binding.OUTPUTS]
 
 
 def row_outputs(binding: str, rows: int) -> list[str]:
@@ -552,6 +652,7 @@ class OnnxBackend(Backend):
             )
         self.binding = binding
         self.output_mode = outputs
+        in_place = outputs == "in_place"
         # Staged outputs are written after the run: an output over an input's memory is harmless.
         self.outputs_may_overlap_inputs = outputs == "staged"
         self.providers = list(providers) if providers is not None else ["CPUExecutionProvider"]
@@ -572,18 +673,27 @@ class OnnxBackend(Backend):
             raise ModelLoadError(f"{path} is not an ONNX model: {error}") from None
         initializers = {tensor.name for tensor in model.graph.initializer}
         storages = {spec.name: block_storage(spec) for spec in (*binding.INPUTS, *binding.OUTPUTS)}
-        self._input_ports, self._output_ports = match_ports(
-            str(path),
-            binding,
-            _ports(model.graph.input, initializers),
-            _ports(model.graph.output),
-            storages,
-        )
+        # A `soagen compile` file takes the storage already and was checked against the eager
+        # model when it was written: there is no original to adapt or to compare with.
+        self.storage_inputs = exported_metadata(model, binding, str(path)) is not None
+        input_ports: list[_Port] | None = None
+        if self.storage_inputs:
+            self._output_ports = storage_file_outputs(str(path), binding, model, storages)
+        else:
+            input_ports, self._output_ports = match_ports(
+                str(path),
+                binding,
+                _ports(model.graph.input, initializers),
+                _ports(model.graph.output),
+                storages,
+            )
+        self._input_ports = input_ports or []
         self._input_storages = [storages[spec.name] for spec in binding.INPUTS]
         self._output_storages = [storages[spec.name] for spec in binding.OUTPUTS]
-        self._original = model.SerializeToString()
+        serialized = model.SerializeToString()
+        self._original: bytes | None = None if self.storage_inputs else serialized
         key = (
-            hashlib.sha256(self._original).hexdigest(),
+            hashlib.sha256(serialized).hexdigest(),
             binding.SCHEMA,
             binding.NAME,
             outputs,
@@ -591,9 +701,12 @@ class OnnxBackend(Backend):
         with _adapted_lock:
             adapted = _adapted_cache.get(key)
             if adapted is None:
-                adapted = adapt(
-                    model, binding, self._input_ports, self._output_ports, storages, outputs
-                ).SerializeToString()
+                if self.storage_inputs and not in_place:
+                    adapted = serialized
+                else:
+                    adapted = adapt(
+                        model, binding, input_ports, self._output_ports, storages, outputs
+                    ).SerializeToString()
                 _adapted_cache[key] = adapted
         self._adapted = adapted
         # (device, which inputs are bound from before their first element) already compared with
@@ -676,7 +789,7 @@ class OnnxBackend(Backend):
                     )
             key = (str(device), tuple(shifted))
             reference = None
-            if key not in self._checked:
+            if self._original is not None and key not in self._checked:
                 reference = self._reference(
                     session_for(self._original, references), views, targets, device
                 )

@@ -466,3 +466,119 @@ def test_cuda_collections_run_on_the_callers_stream(
     model(gpu_hits, out=gpu_out, stream=stream)
     stream.synchronize()
     torch.testing.assert_close(gpu_out.buffer.cpu(), on_host.buffer, rtol=1e-5, atol=1e-5)
+
+
+# --- soagen compile -o FILE.onnx: files whose inputs take the blocks' storage -----------------
+
+FACTORY = """
+import torch
+
+
+class ArrayNet(torch.nn.Module):
+    def forward(self, points, cov, adc, scale):
+        weights = torch.arange(1.0, 4.0)[:, None]
+        cov_weights = torch.arange(1.0, 7.0).reshape(1, 2, 3)
+        score = (points * weights).sum(0) + (cov * cov_weights).sum((1, 2)) * scale[:, 0]
+        score = score + (adc.float() * torch.arange(1.0, 11.0)).sum(1) / 100
+        pair = torch.stack([points[0] * points[1], cov[:, 1, 2] - adc[:, 9].float()], dim=1)
+        return score, pair
+
+
+class ExportsOtherwise(ArrayNet):
+    # A model whose exported graph is not what it computes eagerly: the export check's double.
+    def forward(self, points, cov, adc, scale):
+        score, pair = super().forward(points, cov, adc, scale)
+        if torch.onnx.is_in_onnx_export():
+            score = score + 1e-2
+        return score, pair
+
+
+def build():
+    return ArrayNet()
+
+
+def build_wrong():
+    return ExportsOtherwise()
+"""
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """ArrayNet exported by `soagen compile -o array.onnx`, once per session."""
+    from tests.helpers import run_cli
+
+    folder = tmp_path_factory.mktemp("onnx_compiled")
+    (folder / "hits.soa").write_text(SCHEMA.format(align=32))
+    (folder / "factory.py").write_text(FACTORY)
+    target = folder / "array.onnx"
+    status, _, stderr = run_cli(
+        "compile",
+        str(folder / "hits.soa"),
+        "--model",
+        "ArrayNet",
+        "--factory",
+        f"{folder / 'factory.py'}:build",
+        "-o",
+        str(target),
+    )
+    assert status == 0, stderr
+    return {"array": target, "folder": folder}
+
+
+def test_a_compiled_file_takes_the_storage_and_equals_eager(
+    modules: dict[int, ModuleType], compiled: dict[str, Path]
+) -> None:
+    import onnx
+
+    module = modules[32]
+    graph = onnx.load(str(compiled["array"])).graph
+    assert {value.name for value in graph.input} == {
+        soagen_onnx.RANGES_INPUT,
+        *(f"soagen.{spec.name}" for spec in module.ArrayNet.INPUTS),
+    }
+    eager = ArrayNet()
+    for mode in soagen_onnx.OUTPUT_MODES:
+        model = module.ArrayNet.load(compiled["array"], backend_options={"outputs": mode})
+        assert model._backend.storage_inputs and model._backend._original is None
+        for n in (0, 1, 5, 130):
+            hits = _hits(module, n, seed=n)
+            out = module.Out.allocate(n, zero=True)
+            model(hits, out=out)
+            with torch.no_grad():
+                score, pair = eager(
+                    *(hits.block(spec.block).contiguous() for spec in module.ArrayNet.INPUTS)
+                )
+            torch.testing.assert_close(out.score, score, rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(out.pair, pair, rtol=1e-5, atol=1e-4)
+        hits = _hits(module, 200, seed=9)
+        out = module.Out.allocate(200, zero=True)
+        model(hits.slice(150, 200), out=out.slice(150, 200))
+        with torch.no_grad():
+            score, _ = eager(
+                *(
+                    hits.slice(150, 200).block(spec.block).contiguous()
+                    for spec in module.ArrayNet.INPUTS
+                )
+            )
+        torch.testing.assert_close(out.score[150:], score, rtol=1e-5, atol=1e-4)
+
+
+def test_a_compiled_file_refuses_another_binding(
+    modules: dict[int, ModuleType], compiled: dict[str, Path]
+) -> None:
+    with pytest.raises(ModelLoadError, match="exported by soagen compile for another binding"):
+        modules[256].ArrayNet.load(compiled["array"])  # its rows lie at another alignment
+
+
+def test_an_export_that_disagrees_with_eager_writes_nothing(compiled: dict[str, Path]) -> None:
+    from soagen.build.errors import CommandError
+    from soagen.build.onnx_export import export_onnx
+
+    folder = compiled["folder"]
+    target = folder / "wrong.onnx"
+    with pytest.raises(CommandError, match="disagrees with the eager model on output 'score'"):
+        export_onnx(
+            folder / "hits.soa", "ArrayNet", f"{folder / 'factory.py'}:build_wrong", output=target
+        )
+    assert not target.exists()
+    assert not list(folder.glob(".wrong.*"))
