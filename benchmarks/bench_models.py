@@ -87,6 +87,7 @@ MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
 MLP_FACTORY = f"{REPO / 'benchmarks' / 'models.py'}:build_mlp"
 GNN_FACTORY = f"{REPO / 'examples' / 'gnn_model.py'}:build_model"
+GNN_EXAMPLES = f"{REPO / 'examples' / 'gnn_model.py'}:fill_examples"
 # The AOT backends, each with the `soagen compile` options its package is built with.
 AOT_OPTIONS: dict[str, tuple[str, ...]] = {
     "aot": (),
@@ -155,6 +156,9 @@ class Tools:
     # (milliseconds), so their arenas go with the case instead of holding the largest size's
     # memory through the rest of the run.
     onnx: dict[str, bytes] = field(default_factory=dict)
+    # ONNX files soagen's ONNX Runtime backend loads, by path name: the user's export, adapted
+    # at load ("soagen onnxruntime"), and `soagen compile -o X.onnx`'s ("... compiled"), per model.
+    soagen_onnx: dict[str, dict[str, Path]] = field(default_factory=dict)
     ort_arena: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -340,6 +344,36 @@ def bind_ort(session: Any, arrays: Sequence[tuple[torch.Tensor, int, Any]], outp
     return binding
 
 
+def soagen_onnx_paths(
+    tools: Tools, model: str, binding: type[ModelBinding], call: Callable[[Any], None]
+) -> dict[str, Callable[[], None]]:
+    """soagen's ONNX Runtime backend on each of the model's ONNX files (staged outputs)."""
+    paths = {}
+    for name, path in tools.soagen_onnx.get(model, {}).items():
+        loaded = binding.load(path)
+        paths[name] = lambda loaded=loaded: call(loaded)
+    return paths
+
+
+def add_ort_premade(case: Case, session: Any, inputs: Sequence[torch.Tensor]) -> None:
+    """`ort pre-made`: ONNX Runtime through IO binding on contiguous inputs made before the
+    timing, writing a contiguous result: the model alone, the floor soagen's ONNX backend is
+    judged against."""
+    output = torch.empty(case.reference.shape, dtype=torch.float32)
+    binding = session.io_binding()
+    for entry, tensor in zip(session.get_inputs(), inputs, strict=True):
+        dtype = np.int64 if tensor.dtype == torch.int64 else np.float32
+        binding.bind_input(entry.name, "cpu", 0, dtype, list(tensor.shape), tensor.data_ptr())
+    (entry,) = session.get_outputs()
+    binding.bind_output(entry.name, "cpu", 0, np.float32, list(output.shape), output.data_ptr())
+
+    def run(held: Sequence[torch.Tensor] = inputs) -> None:  # the binding holds addresses only
+        session.run_with_iobinding(binding)
+
+    case.paths["ort pre-made"] = run
+    case.readers["ort pre-made"], case.written["ort pre-made"] = (lambda: output), [output]
+
+
 def ort_binding_paths(session: Any, bind: Callable[[], Any]) -> dict[str, Callable[[], None]]:
     """`ort io-binding` (the blocks bound in each call) and `ort io-binding bound once`."""
     bound = bind()
@@ -449,6 +483,10 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
             )
 
         case.paths |= {"ort copies": ort_copies, **ort_binding_paths(session_columns, bind_mlp)}
+        add_ort_premade(case, session, [hits.block("features").contiguous()])
+        case.paths |= soagen_onnx_paths(
+            tools, "mlp", module.HitMlp, lambda loaded: loaded(hits, out=scores)
+        )
     for name in case.paths:
         if name != "ideal" and name not in case.readers:
             case.readers[name], case.written[name] = written, [scores.buffer]
@@ -602,6 +640,15 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
             )
 
         case.paths |= {"ort copies": ort_copies, **ort_binding_paths(session_columns, bind_gnn)}
+        premade = [
+            nodes.block("node_features").contiguous(),
+            edges.block("edge_index").contiguous(),
+            edges.block("edge_features").contiguous(),
+        ]
+        add_ort_premade(case, session, premade)
+        case.paths |= soagen_onnx_paths(
+            tools, "gnn", module.EdgeClassifier, lambda loaded: loaded(nodes, edges, out=scores)
+        )
     for name in case.paths:
         if name != "ideal" and name not in case.readers:
             case.readers[name], case.written[name] = (lambda: scores.score), [scores.buffer]
@@ -1693,6 +1740,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, model_bytes in tools.onnx.items():
             onnx_files[name] = workdir / "onnx" / f"{name.replace(' ', '-')}.onnx"
             onnx_files[name].write_bytes(model_bytes)
+        from soagen.build.onnx_export import export_onnx
+
+        for model, schema, binding_name, factory, examples in (
+            ("mlp", MLP_SCHEMA, "HitMlp", MLP_FACTORY, None),
+            ("gnn", GNN_SCHEMA, "EdgeClassifier", GNN_FACTORY, GNN_EXAMPLES),
+        ):
+            if model not in models:
+                continue
+            compiled = workdir / "onnx" / f"{model}-storage.onnx"
+            export_onnx(schema, binding_name, factory, output=compiled, examples=examples)
+            tools.soagen_onnx[model] = {
+                "soagen onnxruntime": onnx_files[model],
+                "soagen onnxruntime compiled": compiled,
+            }
 
     report: dict[str, Any] = {
         "machine": {
