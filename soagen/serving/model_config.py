@@ -22,6 +22,10 @@ element axis, splitting the outputs back per request (see `soagen.serving.python
 PyTorch backend would hand ragged inputs to the model flattened into 1-D tensors, which a model
 written for SoA blocks does not take, so it keeps `max_batch_size` 0: one request at a time.
 
+The onnxruntime backend's tensors are the wire form too (its model.onnx is adapted to take them:
+`soagen.serving.onnx_entry`), with `max_batch_size` 1 and no dynamic batching: one event per
+request, the wire's batch axis of 1, since Triton would stack only events of equal shapes.
+
 Names. The Python backend maps names itself, so its tensors are named after the bindings
 ("schema"), or `<binding>__<i>` ("index"). Triton's PyTorch backend binds config names to the
 TorchScript `forward` either by the `<name>__<index>` convention ("index", the default there:
