@@ -365,16 +365,34 @@ def example_inputs(
     seed: int,
     fill: ExampleFill | None = None,
 ) -> list[torch.Tensor]:
-    """Block views of freshly allocated collections, filled with valid data: indices in range of
-    their bound, other integers 0 (they may index something the schema does not say), floats
-    random; then `fill` (--examples) may write realistic values into them."""
+    """Block views of `example_collections`; the schema's `contiguous` inputs as the copies a
+    binding makes of them."""
+    collections = example_collections(binding, layouts, sizes, bounds, device, seed, fill)
+    return [
+        contiguous_copy(view) if spec.contiguous else view
+        for spec, view in (
+            (spec, collections[spec.block.layout].block(spec.block)) for spec in binding.INPUTS
+        )
+    ]
+
+
+def example_collections(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    sizes: Mapping[str, int],
+    bounds: Mapping[str, str],
+    device: torch.device,
+    seed: int,
+    fill: ExampleFill | None = None,
+) -> dict[str, Collection]:
+    """Freshly allocated collections of each input layout, filled with valid data: indices in
+    range of their bound, other integers 0 (they may index something the schema does not say),
+    floats random; then `fill` (--examples) may write realistic values into them."""
     generator = torch.Generator().manual_seed(seed)
     collections = {name: layouts[name].allocate(n, device, zero=True) for name, n in sizes.items()}
     specs = {spec.name: spec for spec in binding.INPUTS}
-    views = []
     for spec in binding.INPUTS:
         view = collections[spec.block.layout].block(spec.block)
-        views.append(view)
         # A scalar broadcast over n has stride 0: write its one value, not n of them.
         target = view
         for axis in reversed(range(view.dim())):
@@ -392,11 +410,7 @@ def example_inputs(
         target.copy_(values)
     if fill is not None:
         fill(binding, collections, bounds)
-    # The schema's `contiguous` inputs reach the model as the copies a binding makes of them.
-    return [
-        contiguous_copy(view) if spec.contiguous else view
-        for spec, view in zip(binding.INPUTS, views, strict=True)
-    ]
+    return collections
 
 
 class SchemaOrder(torch.nn.Module):

@@ -4,7 +4,7 @@ storage, for soagen's ONNX Runtime backend.
 The model is exported for contiguous tensors in each binding's declared order (`torch.onnx.export`,
 the TorchScript-based exporter: it needs no network and takes seconds, with a dynamic element axis
 per layout), then given the storage inputs the runtime's adaptation gives any ONNX file
-(`soagen.runtime.onnx.adapt`: each input is its block's `[rows, pitch]` storage plus one ranges
+(`soagen.runtime.onnx_graph.adapt`: each input is its block's `[rows, pitch]` storage plus one ranges
 input; the slice and the single-axis transposes into the declared order are nodes of the graph).
 The file records the binding and geometry it takes in its metadata_props, so that loading it
 adapts nothing and compares with no original model, and refuses another schema's binding. Before
@@ -147,13 +147,13 @@ def _export(
 
 def _with_storage_inputs(binding: type[ModelBinding], model: typing.Any) -> bytes:
     """The exported model with the runtime's storage inputs and soagen's metadata."""
-    from soagen.runtime.onnx import (
+    from soagen.runtime.onnx import storage_metadata
+    from soagen.runtime.onnx_graph import (
         METADATA_KEY,
         _ports,
         adapt,
         block_storage,
         match_ports,
-        storage_metadata,
     )
 
     graph = model.graph

@@ -59,7 +59,8 @@ def add_arguments(triton: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         default="python",
         help="python: model.py runs soagen's runtime (any --runtime, batching of events); "
-        "pytorch: Triton's libtorch backend runs TorchScript (default python)",
+        "pytorch: Triton's libtorch backend runs TorchScript; onnxruntime: Triton's onnxruntime "
+        "backend runs the --package ONNX model, adapted to the wire form (default python)",
     )
     triton.add_argument(
         "--runtime",
@@ -74,7 +75,8 @@ def add_arguments(triton: argparse.ArgumentParser) -> None:
         "--package",
         type=path_argument,
         metavar="FILE",
-        help="a model file instead of --factory: .pt2 from `soagen compile`, or TorchScript .pt",
+        help="a model file instead of --factory: .pt2 from `soagen compile`, TorchScript .pt, or "
+        ".onnx for --backend onnxruntime",
     )
     triton.add_argument("--name", metavar="NAME", help="the Triton model name (default --model)")
     triton.add_argument(

@@ -22,6 +22,10 @@ element axis, splitting the outputs back per request (see `soagen.serving.python
 PyTorch backend would hand ragged inputs to the model flattened into 1-D tensors, which a model
 written for SoA blocks does not take, so it keeps `max_batch_size` 0: one request at a time.
 
+The onnxruntime backend's tensors are the wire form too (its model.onnx is adapted to take them:
+`soagen.serving.onnx_entry`), with `max_batch_size` 1 and no dynamic batching: one event per
+request, the wire's batch axis of 1, since Triton would stack only events of equal shapes.
+
 Names. The Python backend maps names itself, so its tensors are named after the bindings
 ("schema"), or `<binding>__<i>` ("index"). Triton's PyTorch backend binds config names to the
 TorchScript `forward` either by the `<name>__<index>` convention ("index", the default there:
@@ -70,12 +74,19 @@ LIBTORCH_TYPES = frozenset(
         "TYPE_FP64",
     }
 )
+# The model file of backends that run one file.
+MODEL_FILES = {"pytorch": "model.pt", "onnxruntime": "model.onnx"}
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU", "KIND_MODEL")
-BACKENDS = ("python", "pytorch")
+BACKENDS = ("python", "pytorch", "onnxruntime")
+# Backends whose tensors are the wire form of `soagen serve` (storage order, batch axis first).
+WIRE_BACKENDS = ("python", "onnxruntime")
+# ONNX Runtime's threads per session in an onnxruntime entry: soagen's defaults (one each, as CMSSW
+# runs models inside its own thread pool), as Triton's onnxruntime backend's parameters.
+ONNXRUNTIME_THREADS = (("intra_op_thread_count", "1"), ("inter_op_thread_count", "1"))
 NAMINGS = ("schema", "index", "forward")
 # What the Python backend's model.py runs: soagen's backends.
 RUNTIMES = ("eager", "torchscript", "compile", "aot")
-DEFAULT_NAMING = {"python": "schema", "pytorch": "index"}
+DEFAULT_NAMING = {"python": "schema", "pytorch": "index", "onnxruntime": "schema"}
 
 _NAMED_INDEX = re.compile(r"^.+__(\d+)$")
 # Model names are folder names in the repository; keep them portable.
@@ -202,6 +213,11 @@ def _tensor_problems(config: ModelConfig, role: str, tensor: TensorConfig) -> li
                 f"least 1, or -1 where it varies"
             )
     if tensor.allow_ragged_batch:
+        if config.backend == "onnxruntime":
+            problems.append(
+                f"{where}: Triton's onnxruntime backend passes ragged inputs flattened to 1-D; "
+                f"use the Python backend to batch events"
+            )
         if role == "output":
             problems.append(f"{where}: allow_ragged_batch is for inputs")
         if config.max_batch_size == 0:
@@ -379,8 +395,32 @@ def build_config(
     if options.kind not in ("cpu", "gpu"):
         raise TritonError(f"--device must be cpu or gpu, got {options.kind!r}", usage=True)
     python = options.backend == "python"
+    onnxruntime = options.backend == "onnxruntime"
+    wire_form = options.backend in WIRE_BACKENDS
     max_batch_size = max_batch_size_of(options)
-    if max_batch_size and not python:
+    if onnxruntime and max_batch_size != 1:
+        raise TritonError(
+            f"--max-batch-size {max_batch_size}: an onnxruntime entry takes one event per "
+            f"request, with the Python-backend entry's batch axis of 1 (max_batch_size 1); "
+            f"Triton would stack events only of equal element counts, so batch events with "
+            f"--backend python",
+            usage=True,
+        )
+    if onnxruntime and options.naming == "forward":
+        raise TritonError(
+            "--naming forward names tensors after a TorchScript forward's arguments; an "
+            "onnxruntime entry's are named after the bindings (schema) or by index",
+            usage=True,
+        )
+    if onnxruntime:
+        for binding in (*model.inputs, *model.outputs):
+            if binding.first_member.dtype_name == "bfloat16":
+                raise TritonError(
+                    f"{binding.name!r} holds bfloat16, which the wire carries as its UINT16 bits "
+                    f"and an ONNX graph cannot reinterpret; serve it with --backend python",
+                    usage=True,
+                )
+    if max_batch_size and not wire_form:
         raise TritonError(
             "--max-batch-size: Triton's PyTorch backend hands ragged (variable element count) "
             "inputs to the model flattened to 1-D, which a model of SoA blocks does not take; "
@@ -409,7 +449,7 @@ def build_config(
                     f"cannot hold for several events",
                     usage=True,
                 )
-    if python:
+    if wire_form:
         counted = {b.layout_name for b in model.inputs if not is_scalar_block(b)}
         for binding in model.inputs:
             if binding.layout_name not in counted:
@@ -420,22 +460,23 @@ def build_config(
                     usage=True,
                 )
     names = tensor_names(model, options)
-    batched = max_batch_size > 0
+    # Ragged inputs and the dynamic batcher: the Python backend's model.py separates the events.
+    batched = max_batch_size > 0 and python
 
     def tensor(binding: Binding, role: str) -> TensorConfig:
-        wire = tensor_wire(binding, role, python)
-        scalar = is_scalar_block(binding) and role == "input" and python
+        wire = tensor_wire(binding, role, wire_form)
+        scalar = is_scalar_block(binding) and role == "input" and wire_form
         variable = () if scalar else tuple(i for i, size in enumerate(wire.dims) if size == -1)
         comment = f"{binding.name}: {block_text(binding)}"
         if wire.order != tuple(range(len(wire.order))):
             comment += f"; sent as [{', '.join(wire.axes[axis] for axis in wire.order)}]"
         if scalar:
             comment += " (scalars: one value per event)"
-        if python and wire.dtype == "bfloat16":
+        if wire_form and wire.dtype == "bfloat16":
             comment += " (bfloat16 as its raw bits)"
         return TensorConfig(
             name=names[binding.name],
-            data_type=f"TYPE_{wire.datatype}" if python else TRITON_TYPES[wire.dtype],
+            data_type=f"TYPE_{wire.datatype}" if wire_form else TRITON_TYPES[wire.dtype],
             dims=wire.dims,
             variable=variable,
             allow_ragged_batch=batched and role == "input",
@@ -451,7 +492,8 @@ def build_config(
         outputs=tuple(tensor(binding, "output") for binding in model.outputs),
         instance_groups=(InstanceGroup(kind, options.count, options.gpus),),
         dynamic_batching=options.max_queue_delay_us if batched else None,
-        default_model_filename="model.pt" if options.backend == "pytorch" else None,
+        default_model_filename=MODEL_FILES.get(options.backend),
+        parameters=ONNXRUNTIME_THREADS if onnxruntime else (),
         header=_header(model, path, options, max_batch_size),
     )
     return check(config)
@@ -461,15 +503,16 @@ def max_batch_size_of(options: Options) -> int:
     """`options.max_batch_size`, or its backend's default."""
     if options.max_batch_size is not None:
         return options.max_batch_size
-    return DEFAULT_MAX_BATCH_SIZE if options.backend == "python" else 0
+    return {"python": DEFAULT_MAX_BATCH_SIZE, "onnxruntime": 1}.get(options.backend, 0)
 
 
-def tensor_wire(binding: Binding, role: str, python: bool) -> WireTensor:
-    """How a binding's tensor travels: the wire form (Python backend), or its declared axes without
-    a batch axis (PyTorch backend). The Python backend writes a scalar input's one value into the
-    collection, where the model sees it broadcast over n: its tensor has 1 on the element axis."""
+def tensor_wire(binding: Binding, role: str, wire_form: bool) -> WireTensor:
+    """How a binding's tensor travels: the wire form (Python and onnxruntime backends), or its
+    declared axes without a batch axis (PyTorch backend). A scalar input's one value is written
+    into the collection (Python) or expanded in the graph (onnxruntime), where the model sees it
+    broadcast over n: its tensor has 1 on the element axis."""
     wire = schema_wire_tensor(binding, role)
-    if not python:
+    if not wire_form:
         return replace(declared_order(wire), batched=False)
     if role == "input" and is_scalar_block(binding):
         return wire.one_value()
@@ -479,7 +522,16 @@ def tensor_wire(binding: Binding, role: str, python: bool) -> WireTensor:
 def _header(
     model: Model, schema_path: str, options: Options, max_batch_size: int
 ) -> tuple[str, ...]:
-    if max_batch_size == 0:
+    if options.backend == "onnxruntime":
+        text = (
+            "One request is one event: each input is one SoA block of the event's collections in "
+            "the wire form of `soagen serve` (soagen.serving.wire): axes in storage order, -1 on "
+            "the element axis (n), after Triton's batch axis of 1; the outputs come back the same "
+            "way. model.onnx is the user's ONNX model adapted by soagen to take and return these "
+            "tensors (soagen.serving.onnx_entry). max_batch_size 1, no dynamic batching: Triton "
+            "stacks only equal shapes, and events have different element counts."
+        )
+    elif max_batch_size == 0:
         text = (
             "One request is one event: each input is one SoA block of the event's collections in "
             "its declared axis order, -1 on its element axis (n); the outputs come back the same "

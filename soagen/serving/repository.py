@@ -2,6 +2,8 @@
 
     REPO/NAME/config.pbtxt                 derived from the schema (soagen.serving.model_config)
     REPO/NAME/VERSION/model.pt             --backend pytorch: TorchScript for Triton's libtorch backend
+    REPO/NAME/VERSION/model.onnx           --backend onnxruntime: the --package ONNX model adapted to
+                                           the wire form (soagen.serving.onnx_entry)
     REPO/NAME/VERSION/model.py             --backend python: runs soagen's runtime (python_model)
     REPO/NAME/VERSION/soagen_model.json      what model.py runs
     REPO/NAME/VERSION/soagen_generated/      the schema's generated modules
@@ -14,7 +16,9 @@ The model folder is written next to its final place and moved there when complet
 soagen wrote before is replaced, any other is left alone (an error). Every model file is checked
 before it is written: the model runs on example collections of the schema and must return what the
 output blocks hold, and a TorchScript module must agree with the eager model at two sets of element
-counts.
+counts. An onnxruntime entry's model.onnx is run by ONNX Runtime on wire tensors that soagen's
+client encodes from example collections, at several sets of element counts, and must agree with the
+--package model run on contiguous copies of the same blocks.
 """
 
 from __future__ import annotations
@@ -159,18 +163,25 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
     )
     # Everything the schema alone decides is checked before any model is built.
     placeholder = tuple(binding.name for binding in model.inputs)
-    build_config(
+    planned = build_config(
         schema, model.name, replace(options, forward_names=placeholder), schema_path=schema_path
     )
+    # Binding name -> tensor name: an onnxruntime entry's graph is named after the config.
+    names = {
+        binding.name: tensor.name
+        for binding, tensor in zip(
+            (*model.inputs, *model.outputs), (*planned.inputs, *planned.outputs), strict=True
+        )
+    }
     sizes = (
         output_sizes(schema, model.name, request.output_sizes, schema_path=schema_path)
         if request.backend == "python"
         else {}
     )
-    if request.backend == "pytorch" and request.output_sizes:
+    if request.backend != "python" and request.output_sizes:
         raise TritonError(
-            "--output-size is for --backend python: the PyTorch backend returns what the model "
-            "returns",
+            f"--output-size is for --backend python: the {request.backend} backend returns what "
+            f"the model returns",
             usage=True,
         )
     name = options.name or model.name
@@ -183,7 +194,7 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
         version = staging / str(request.version)
         version.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="soagen-triton-") as workdir:
-            built = _build(request, runtime, schema, Path(workdir), version, report)
+            built = _build(request, runtime, names, Path(workdir), version, report)
         config = build_config(
             schema,
             model.name,
@@ -205,6 +216,10 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
     return Written(target, config, runtime if request.backend == "python" else None, tuple(files))
 
 
+# What an onnxruntime entry runs: the --package file, adapted.
+ONNXRUNTIME = "onnxruntime"
+
+
 def _runtime(request: Request) -> str:
     """The runtime: what model.py runs (python backend), or "torchscript" (pytorch backend)."""
     package_kind = None
@@ -224,6 +239,26 @@ def _runtime(request: Request) -> str:
         raise TritonError(
             "give --factory FILE.py:FUNCTION (a function returning the nn.Module) or --package "
             "FILE (.pt2 from `soagen compile`, or TorchScript .pt)",
+            usage=True,
+        )
+    if request.backend == ONNXRUNTIME:
+        if request.package is None or package_kind != ONNXRUNTIME:
+            raise TritonError(
+                "--backend onnxruntime serves an ONNX model: give --package FILE.onnx (exported "
+                "for contiguous [n, c, ...] tensors in each binding's declared order, with a "
+                "dynamic element dimension)",
+                usage=True,
+            )
+        if request.runtime is not None:
+            raise TritonError(
+                f"--runtime {request.runtime} is for --backend python; Triton's onnxruntime "
+                f"backend runs the ONNX model itself",
+                usage=True,
+            )
+        return ONNXRUNTIME
+    if package_kind == ONNXRUNTIME:
+        raise TritonError(
+            f"--package {request.package}: an ONNX model is served with --backend onnxruntime",
             usage=True,
         )
     if request.backend == "pytorch":
@@ -299,7 +334,7 @@ class _Built:
 def _build(
     request: Request,
     runtime: str,
-    schema: Schema,
+    names: Mapping[str, str],
     workdir: Path,
     version: Path,
     report: Progress,
@@ -320,6 +355,8 @@ def _build(
             warnings.filterwarnings(
                 "ignore", message=r".*torch\.jit.*deprecated", category=DeprecationWarning
             )
+            if runtime == ONNXRUNTIME:
+                return _from_onnx(request, binding, layouts, names, version, report)
             build = _from_package if request.factory is None else _from_factory
             return build(request, runtime, binding, layouts, version, report)
     finally:
@@ -450,6 +487,135 @@ def _from_package(
     report(f"copying {package.as_posix()}")
     shutil.copyfile(package, version / "model.pt")
     return _Built("torchscript", "model.pt", None, bounds, names)
+
+
+def _from_onnx(
+    request: Request,
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    names: Mapping[str, str],
+    version: Path,
+    report: Progress,
+) -> _Built:
+    """model.onnx: the --package model adapted to the wire form, checked against the original
+    model on example collections before it is written."""
+    from soagen.runtime.errors import ModelLoadError
+    from soagen.runtime.onnx import import_onnx
+    from soagen.serving.onnx_entry import entry_model
+
+    assert request.package is not None
+    package = request.package
+    try:
+        onnx, _ = import_onnx()
+    except ModelLoadError as error:
+        raise TritonError(str(error), usage=True) from None
+    try:
+        original = onnx.load(str(package))
+    except Exception as error:  # protobuf's DecodeError and onnx's own, by version
+        raise TritonError(f"{package} is not an ONNX model: {error}", usage=True) from None
+    report(f"adapting {package.as_posix()} to the wire form")
+    try:
+        entry = entry_model(original, binding, names, package.as_posix())
+    except ModelLoadError as error:  # the model does not fit the schema's bindings
+        raise TritonError(str(error), usage=True) from None
+    bounds = declared_index_bounds(binding.INPUTS)
+    bounds.update(request.index_bounds or {})
+    fill = None
+    if request.examples is not None:
+        from soagen.build.model import load_examples
+
+        fill = load_examples(request.examples)
+    entry_bytes = entry.SerializeToString()
+    report("checking the entry's model against the original on example events")
+    check_onnx_entry(
+        binding, layouts, original.SerializeToString(), entry_bytes, names, bounds, fill, package
+    )
+    (version / "model.onnx").write_bytes(entry_bytes)
+    return _Built(ONNXRUNTIME, "model.onnx", None, bounds, None)
+
+
+def check_onnx_entry(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    original: bytes,
+    entry: bytes,
+    names: Mapping[str, str],
+    bounds: Mapping[str, str],
+    fill: ExampleFill | None,
+    source: Path,
+) -> None:
+    """The entry's graph, fed by ONNX Runtime what a client sends Triton (soagen's own encoding of
+    example collections, batch axis included) and read back as the client reads the response,
+    must agree with the original model on contiguous copies of the same blocks: at the example's
+    element counts and the small ones `soagen compile` checks; TritonError naming the output and
+    the counts otherwise."""
+    import numpy as np
+    import torch
+
+    from soagen.build.model import (
+        check_finite,
+        example_collections,
+        example_sizes,
+        same_n_groups,
+        trial_sizes,
+    )
+    from soagen.runtime.agreement import first_disagreement
+    from soagen.runtime.onnx import import_onnx
+    from soagen.serving.client import _declared_tensor, _host_array, _wire_source
+    from soagen.serving.onnx_entry import entry_wire_tensors, schema_ports
+
+    onnx, onnxruntime = import_onnx()
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    cpu = ["CPUExecutionProvider"]
+    try:
+        served = onnxruntime.InferenceSession(entry, options, providers=cpu)
+        reference = onnxruntime.InferenceSession(original, options, providers=cpu)
+    except Exception as error:  # onnxruntime's exception types vary by version
+        raise TritonError(
+            f"ONNX Runtime cannot load {source} or the entry built from it: {error}"
+        ) from None
+    wires_in, wires_out = entry_wire_tensors(binding)
+    ports_in, ports_out, _ = schema_ports(onnx.load_from_string(original), binding, str(source))
+    sizes = example_sizes(binding, layouts)
+    for seed, trial in enumerate(trial_sizes(sizes, groups=same_n_groups(binding))):
+        collections = example_collections(
+            binding, layouts, trial, bounds, torch.device("cpu"), seed, fill
+        )
+        views = [collections[spec.block.layout].block(spec.block) for spec in binding.INPUTS]
+        feeds = {}
+        for spec, wire in zip(binding.INPUTS, wires_in, strict=True):
+            host, _ = _host_array(
+                _wire_source(collections[spec.block.layout], spec.block, wire), wire
+            )
+            # The bytes Triton hands its backend: C order, batch axis of 1 (`set_data_from_numpy`).
+            feeds[names[spec.name]] = np.ascontiguousarray(host[None])
+        inputs = {
+            port.name: view.contiguous().numpy() for port, view in zip(ports_in, views, strict=True)
+        }
+        outputs = [port.name for port in ports_out]
+        expected = [torch.from_numpy(value) for value in reference.run(outputs, inputs)]
+        check_finite(binding, expected, trial, fill)
+        answered = served.run([names[spec.name] for spec in binding.OUTPUTS], feeds)
+        actual = []
+        for spec, wire, value, want in zip(
+            binding.OUTPUTS, wires_out, answered, expected, strict=True
+        ):
+            shape = wire.wire_shape(tuple(want.shape))
+            if tuple(value.shape) != shape:  # what the client refuses (`RemoteBinding._read`)
+                raise TritonError(
+                    f"the onnxruntime entry built from {source} answers {spec.name!r} with "
+                    f"shape {list(value.shape)}, the client expects {list(shape)}"
+                )
+            actual.append(_declared_tensor(value[0], wire))
+        found = first_disagreement([spec.name for spec in binding.OUTPUTS], actual, expected)
+        if found is not None:
+            counts = ", ".join(f"{name} n={n}" for name, n in trial.items())
+            raise TritonError(
+                f"the onnxruntime entry soagen built from {source} disagrees with the original "
+                f"model on output {found.output!r} at {counts}: {found.detail}; nothing was "
+                f"written. Report it to soagen with the model"
+            )
 
 
 # Checking and converting models.
