@@ -133,24 +133,128 @@ class _Lexed:
     defines: list[tuple[Token, list[Token]]]
 
 
-def _lex(text: str, path: str) -> _Lexed:
+_CONDITIONAL = re.compile(r"#\s*(if|ifdef|ifndef|elif|else|endif|undef)\b(.*)", re.S)
+_DEFINED = re.compile(r"\bdefined\s*(?:\(\s*([A-Za-z_]\w*)\s*\)|([A-Za-z_]\w*))")
+# Macros g++ defines itself on x86-64 Linux (host code: no CUDA, HIP or SYCL macros).
+_PREDEFINED = {
+    "__cplusplus": 202002,
+    "__GNUC__": 12,
+    "__x86_64__": 1,
+    "__linux__": 1,
+    "__STDC_HOSTED__": 1,
+    "__LP64__": 1,
+    "__CHAR_BIT__": 8,
+}
+
+
+def _condition(kind: str, argument: str, macros: Mapping[str, int | None]) -> bool | None:
+    """The value of `#if`/`#ifdef`/`#ifndef`/`#elif ARGUMENT` for a host compile, or None where it
+    names a macro that is defined without a value soagen can read (both branches are then read)."""
+    argument = argument.strip()
+    if kind in ("ifdef", "ifndef"):
+        name = argument.split()[0] if argument.split() else ""
+        known = name in macros or name in _PREDEFINED
+        return known if kind == "ifdef" else not known
+    expression = _DEFINED.sub(
+        lambda m: (
+            "1"
+            if (m.group(1) or m.group(2)) in macros or (m.group(1) or m.group(2)) in _PREDEFINED
+            else "0"
+        ),
+        argument,
+    )
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group()
+        if name in _PREDEFINED:
+            return str(_PREDEFINED[name])
+        if name not in macros:
+            return "0"  # the preprocessor's value of a name no #define gave
+        known = macros[name]
+        return "@" if known is None else str(known)
+
+    expression = re.sub(r"\b(0[xX][\da-fA-F]+|\d+)[uUlL]+\b", r"\1", expression)
+    expression = re.sub(r"(?<!\w)[A-Za-z_]\w*", value, expression)
+    if (
+        "@" in expression
+        or "**" in expression
+        or not re.fullmatch(r"[\w\s()!&|<>=+\-*/%~^]*", expression)
+    ):
+        return None
+    expression = expression.replace("&&", " and ").replace("||", " or ")
+    expression = re.sub(r"!(?!=)", " not ", expression).replace("/", "//")
+    try:
+        return bool(eval(expression, {"__builtins__": {}}, {}))  # noqa: S307 - digits and operators only
+    except Exception:  # noqa: BLE001 - anything it cannot evaluate is read both ways
+        return None
+
+
+def _lex(text: str, path: str, macros: dict[str, int | None] | None = None) -> _Lexed:
+    """Tokens, comments, includes and object-like defines of `text`. Conditional compilation
+    (`#if`, `#ifdef`, `#ifndef`, `#elif`, `#else`) keeps the branches a host g++ compile keeps,
+    with the macros in `macros` (updated by the file's `#define`s and `#undef`s) and g++'s own;
+    a condition on a macro whose value cannot be read keeps every branch."""
+    macros = {} if macros is None else macros
     line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
     def position(offset: int) -> tuple[int, int]:
         line = bisect.bisect_right(line_starts, offset)
         return line, offset - line_starts[line - 1] + 1
 
-    # Directives become blanks of the same length, so everything else keeps its place.
+    # Directives, and the code of branches a compile drops, become blanks of the same length,
+    # so everything else keeps its place.
     directives = [(m.start(), m.end()) for m in _DIRECTIVE.finditer(text)]
     masked = list(text)
-    for start, end in directives:
+
+    def blank(start: int, end: int) -> None:
         for i in range(start, end):
             if masked[i] != "\n":
                 masked[i] = " "
-    body = "".join(masked)
+
     lexed = _Lexed([], [], [], [], [])
+    # Per open conditional: (enclosing code kept, this branch kept, a branch was already taken);
+    # `taken` is None where the condition could not be read (every branch kept).
+    stack: list[tuple[bool, bool, bool | None]] = []
+    kept_from = 0
     for start, end in directives:
+        blank(start, end)
+        active = all(frame[1] for frame in stack)
+        if not active:
+            blank(kept_from, start)
+        kept_from = end
         directive = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text[start:end], flags=re.S)
+        directive = directive.replace("\\\n", " ")
+        if (match := _CONDITIONAL.match(directive.strip())) is not None:
+            kind, argument = match.group(1), match.group(2)
+            if kind in ("if", "ifdef", "ifndef"):
+                decided = _condition(kind, argument, macros) if active else False
+                stack.append(
+                    (
+                        active,
+                        True if decided is None else decided,
+                        None if decided is None else decided,
+                    )
+                )
+            elif kind in ("elif", "else") and stack:
+                outer, _, taken = stack[-1]
+                if taken is None:
+                    stack[-1] = (outer, outer, None)
+                elif taken or not outer:
+                    stack[-1] = (outer, False, True if taken else False)
+                else:
+                    decided = True if kind == "else" else _condition("if", argument, macros)
+                    stack[-1] = (
+                        outer,
+                        True if decided is None else decided,
+                        None if decided is None else decided,
+                    )
+            elif kind == "endif" and stack:
+                stack.pop()
+            elif kind == "undef" and active and argument.split():
+                macros.pop(argument.split()[0], None)
+            continue
+        if not active:
+            continue
         line, column = position(start)
         where = Span(path, line, column, line, column + end - start)
         if (match := _INCLUDE.search(directive)) is not None:
@@ -164,6 +268,17 @@ def _lex(text: str, path: str) -> _Lexed:
                 for t, o in _tokens(directive[match.start(2) :], path, 0, [])
             ]
             lexed.defines.append((name, value))
+            number = value[0].text.rstrip("uUlL") if len(value) == 1 else ""
+            macros[name.text] = (
+                int(number, 0)
+                if re.fullmatch(r"0[xX][\da-fA-F]+|\d+", number)
+                else (0 if not value else None)
+            )
+        elif (match := re.match(r"#\s*define\s+([A-Za-z_]\w*)", directive.strip())) is not None:
+            macros[match.group(1)] = None  # a function-like macro
+    if any(not frame[1] for frame in stack):
+        blank(kept_from, len(text))
+    body = "".join(masked)
     for token, offset in _tokens(body, path, 0, lexed.comments, position):
         lexed.tokens.append(token)
         lexed.offsets.append(offset)
@@ -603,6 +718,8 @@ class _Reader:
     comments: dict[str, list[Comment]] = field(default_factory=dict)
     offsets: dict[str, dict[tuple[int, int], int]] = field(default_factory=dict)
     seen: set[Path] = field(default_factory=set)
+    # Macros for conditional compilation: `--define`s of plain names, then each `#define` read.
+    macros: dict[str, int | None] = field(default_factory=dict)
 
     def read(self, path: Path, shown: str) -> None:
         resolved = path.resolve()
@@ -611,7 +728,7 @@ class _Reader:
         self.seen.add(resolved)
         text = path.read_text(encoding="utf-8", errors="replace")
         self.sources[shown] = text
-        lexed = _lex(text, shown)
+        lexed = _lex(text, shown, self.macros)
         self.comments[shown] = lexed.comments
         self.offsets[shown] = {
             (t.line, t.column): o for t, o in zip(lexed.tokens, lexed.offsets, strict=True)
@@ -715,7 +832,7 @@ class _Resolver:
     outer: str = ""
 
     def lookup(
-        self, parts: Sequence[str], scope: Scope, absolute: bool
+        self, parts: Sequence[str], scope: Scope, absolute: bool, depth: int = 0
     ) -> tuple[Scope, Symbol] | None:
         scopes = [()] if absolute else [scope[:i] for i in range(len(scope), -1, -1)]
         for outer in scopes:
@@ -723,6 +840,22 @@ class _Resolver:
             symbol = self.declarations.symbols.get(key)
             if symbol is not None:
                 return key, symbol
+        # `Alias::member`: a member of the class the alias names; `typedef Tmpl<X> Alias;`
+        # reaches what the class template declares.
+        for cut in range(len(parts) - 1, 0, -1):
+            if depth > _MAX_DEPTH:
+                break
+            head = self.lookup(parts[:cut], scope, absolute, depth + 1)
+            if head is None or not isinstance(head[1], Alias):
+                continue
+            target = list(head[1].tokens)
+            target_absolute = bool(target) and target[0].text == "::"
+            names, _, rest = _qualified(target[1:] if target_absolute else target)
+            if not names or rest:
+                continue
+            found = self.lookup([*names, *parts[cut:]], head[1].scope, target_absolute, depth + 1)
+            if found is not None:
+                return found
         return None
 
     # Types ----------------------------------------------------------------------------------
@@ -1138,6 +1271,9 @@ def import_header(
     """Read `header` (and what it includes) and build the schema file of its layouts (those named
     in `layouts`, if any), or the diagnostics that say why not."""
     reader = _Reader(tuple(include_dirs))
+    reader.macros.update(
+        {name: value for name, value in (defines or {}).items() if re.fullmatch(r"\w+", name)}
+    )
     reader.read(header, shown)
     declarations = reader.declarations
     resolver = _Resolver(declarations, dict(types or {}), dict(defines or {}))
@@ -1258,6 +1394,9 @@ def _member_kind(
                 "SOA603",
                 f"SOA_SCALAR of the array type `{shown}`: soagen scalars hold one value",
                 type_tokens[0].span,
+                "no soagen member takes its bytes (one padded block of the whole array); import "
+                "the header's other layouts with --layout, or write this one's schema by hand "
+                "without it",
             )
         return MemberKind.SCALAR
     return MemberKind.PACKED if resolved.shape else MemberKind.COLUMN

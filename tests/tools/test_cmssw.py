@@ -186,7 +186,13 @@ def _error(tmp_path: Path, text: str, **options: object) -> tuple[str, int, int,
             12,
             "",
         ),
-        ("GENERATE_SOA_LAYOUT(ALayout, SOA_SCALAR(std::array<int, 2>, a))", "SOA603", 1, 41, ""),
+        (
+            "GENERATE_SOA_LAYOUT(ALayout, SOA_SCALAR(std::array<int, 2>, a))",
+            "SOA603",
+            1,
+            41,
+            "--layout",
+        ),
         ("GENERATE_SOA_LAYOUT(ALayout, SOA_COLUMN(Eigen::Vector3f, v))", "SOA603", 1, 41, "EIGEN"),
         ("GENERATE_SOA_LAYOUT(ALayout, SOA_COLUMN(float, x), SOA_GRID(x))", "SOA603", 1, 52, ""),
         ("#include <cstdint>\nusing Flags = uint16_t;\n", "SOA604", 1, 1, ""),
@@ -234,6 +240,82 @@ def test_type_and_define_mappings_resolve_what_headers_do_not(tmp_path: Path) ->
     assert "/// imported: Packet32 as uint8[24] (--type)" in text
     assert "column float32[5] samples packed" in text
     assert "column uint64 handle" in text
+
+
+CONDITIONAL_HEADER = """\
+#ifndef Conditional_h
+#define Conditional_h
+#define kPlanes 2
+#if defined GPU_BACKEND_ENABLED
+typedef __half Real;
+#else
+typedef float Real;
+#endif
+#ifdef SMALL_EVENTS
+  constexpr int kSamples = 2;
+#elif __cplusplus >= 201703L && kPlanes > 1
+  constexpr int kSamples = 4;  // what a host compile sees
+#else
+  constexpr int kSamples = 8;
+#endif
+#if 0
+GENERATE_SOA_LAYOUT(DisabledLayout, SOA_COLUMN(float, x))
+#endif
+using Samples = edm::StdArray<uint16_t, kSamples>;
+GENERATE_SOA_LAYOUT(ConditionalLayout,
+                    SOA_COLUMN(Real, energy),
+#ifndef NO_SAMPLES
+                    SOA_COLUMN(Samples, samples),
+#endif
+                    SOA_SCALAR(uint32_t, count))
+#endif
+"""
+
+
+def test_conditional_compilation_keeps_what_a_host_compile_keeps(tmp_path: Path) -> None:
+    """`#if`/`#ifdef`/`#elif`/`#else` pick the branches g++ compiles for the host (a backend macro
+    no header defines is off; `__cplusplus` is C++20); `--define` turns a macro on."""
+    header = tmp_path / "Conditional.h"
+    header.write_text(CONDITIONAL_HEADER)
+    text = _text(header)
+    assert "layout Disabled" not in text
+    assert "column float32 energy" in text
+    assert "column uint16[4] samples packed" in text
+    small = _text(header, defines={"SMALL_EVENTS": 1, "NO_SAMPLES": 1})
+    assert "samples" not in small
+    (diagnostic,) = _import(header, defines={"GPU_BACKEND_ENABLED": 1}).diagnostics
+    assert (diagnostic.code, diagnostic.span.line, diagnostic.message) == (
+        "SOA601",
+        5,
+        "unknown type `__half`",
+    )
+
+
+def test_a_member_constant_through_a_typedef_of_a_class_template(tmp_path: Path) -> None:
+    """`typedef Container<Frame> FrameCollection;` reaches the constants the class template
+    declares: `FrameCollection::kMaxSamples`."""
+    header = tmp_path / "Frames.h"
+    header.write_text(
+        "class Frame;\n"
+        "template <class Digi>\n"
+        "class FrameContainer {\n"
+        "public:\n"
+        "  typedef unsigned int size_type;\n"
+        "  static const size_type kMaxSamples = 10;\n"
+        "};\n"
+        "typedef FrameContainer<Frame> FrameCollection;\n"
+        "namespace det {\n"
+        "  struct Header { static constexpr int kWords = 1; };\n"
+        "  using Words = edm::StdArray<uint16_t, FrameCollection::kMaxSamples + Header::kWords>;\n"
+        "  using Collection = ::FrameCollection;\n"
+        "  GENERATE_SOA_LAYOUT(FramesLayout, SOA_COLUMN(Words, data),\n"
+        "                      SOA_SCALAR(int32_t, n[Collection::kMaxSamples]))\n"
+        "}\n"
+    )
+    result = _import(header)
+    assert [d.code for d in result.diagnostics] == ["SOA603"]  # `n[...]` is no member name
+    header.write_text(header.read_text().replace("n[Collection::kMaxSamples]", "n"))
+    assert "column uint16[11] data packed" in _text(header)
 
 
 def test_mapping_arguments_are_parsed() -> None:
