@@ -1,15 +1,14 @@
 """A transformer nobody on the team wrote: weaver-core's Particle Transformer (ParT), end to end.
 
-weaver-core is the public framework CMS jet taggers are trained with. Its package pins NumPy 2 and a
-dozen heavy libraries, so the session fetches its wheel alone (`pip download --no-deps`, cached in
-pytest's cache folder) and imports the model file from it; the model's weights come from a fixed
-seed. A small tagger (1 layer, 64-wide embeddings) reads one jet per element of a SoA collection:
-its particle-flow candidates and secondary vertices as array columns bound `[n, features, slots]`,
-whose element axis is the one with stride 1, as CMSSW lays them out. Slots are fewer than
-CMSSW's (32 and 8, not 128 and 16) and there is one attention layer, for time: Inductor's compile
-time grows with the layers and the pair features with the square of the slots (at 128 slots the
-eager runs of `soagen compile` at its example size took a minute), and everything tested here,
-the miscompile included, holds as well.
+weaver-core is the public framework CMS jet taggers are trained with; its wheel comes from
+conftest.py's `weaver_root` fixture, and the model's weights from a fixed seed. A small tagger
+(1 layer, 64-wide embeddings) reads one jet per element of a SoA collection: its particle-flow
+candidates and secondary vertices as array columns bound `[n, features, slots]`, whose element
+axis is the one with stride 1, as CMSSW lays them out. Slots are fewer than CMSSW's (32 and 8, not
+128 and 16) and there is one attention layer, for time: Inductor's compile time grows with the
+layers and the pair features with the square of the slots (at 128 slots the eager runs of `soagen
+compile` at its example size took a minute), and everything tested here, the miscompile included,
+holds as well.
 
 - eager and TorchScript agree with the model on contiguous copies, and leave the inputs as they are;
 - `torch.compile` agrees with eager, and the Inductor miscompile this model meets under
@@ -21,9 +20,7 @@ the miscompile included, holds as well.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -37,8 +34,6 @@ from soagen.build.compile import CompileError, compile_model  # noqa: E402
 from soagen.build.errors import CommandError  # noqa: E402
 from soagen.runtime import CompiledModelMismatchError  # noqa: E402
 from tests.helpers import generate_package, import_generated  # noqa: E402
-
-WEAVER = "weaver-core==0.5.3"
 
 SCHEMA = """
 /// One jet per element: its particle-flow candidates (32 slots) and secondary vertices (8).
@@ -104,26 +99,6 @@ def fill_jets(jets, seed):
 def physical(collections):
     fill_jets(collections["Jets"], seed=collections["Jets"].size)
 """
-
-
-@pytest.fixture(scope="session")
-def weaver_root(request: pytest.FixtureRequest) -> Path:
-    """weaver-core's wheel, unpacked: its model files need only torch."""
-    cache = Path(request.config.cache.mkdir("weaver-core"))
-    root = cache / "unpacked"
-    if not (root / "weaver" / "nn" / "model" / "ParticleTransformer.py").is_file():
-        download = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), WEAVER],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        wheels = sorted(cache.glob("weaver_core-*.whl"))
-        if download.returncode or not wheels:
-            pytest.skip(f"{WEAVER} could not be fetched from PyPI: {download.stderr[-300:]}")
-        with zipfile.ZipFile(wheels[-1]) as wheel:
-            wheel.extractall(root)
-    return root
 
 
 @pytest.fixture(scope="session")
