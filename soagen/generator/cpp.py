@@ -11,17 +11,15 @@ user generates may still hold things C++ cannot, and only `--lang cpp` reports t
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import jinja2
-
 import soagen
 from soagen.dsl.diagnostics import Diagnostic, Span
 from soagen.dsl.ir import Layout, Member, MemberKind, Model, Schema, SchemaFile
+from soagen.generator.rendering import environment
 
 # dtypes with no C++ type a CMSSW column can hold (no standard half or bfloat16 in C++20).
 _NO_CPP_TYPE = frozenset({"float16", "bfloat16"})
@@ -361,22 +359,10 @@ def _includes(schema: Schema, schema_file: SchemaFile) -> list[str]:
     return includes
 
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("soagen.generator", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-
-
 def generate_header(schema: Schema, schema_file: SchemaFile, namespace: str | None = None) -> str:
     """The C++ header for one file of a checked schema that `cpp_problems` accepts."""
     text = (
-        _environment()
+        environment()
         .get_template("header.h.jinja")
         .render(
             version=soagen.__version__,

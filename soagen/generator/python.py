@@ -6,11 +6,8 @@ loops and lookups. Output depends on the schema alone: same input, same bytes.
 
 from __future__ import annotations
 
-import functools
 import keyword
 from dataclasses import dataclass
-
-import jinja2
 
 import soagen
 from soagen.dsl.ir import Binding, Layout, MemberKind, Model, Schema, SchemaFile
@@ -43,6 +40,7 @@ from soagen.generator.pyformat import (
     string_literal,
     tuple_literal,
 )
+from soagen.generator.rendering import environment
 
 RUNTIME = "_soagen"  # how generated modules name `soagen.runtime`
 
@@ -507,18 +505,6 @@ def _batching_doc(model: Model) -> str:
     )
 
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("soagen.generator", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-
-
 def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
     """The Python module for one file of a checked schema."""
     # Layouts of imported files are imported, not copied (one class per layout), and re-exported.
@@ -539,7 +525,7 @@ def generate_module(schema: Schema, schema_file: SchemaFile) -> str:
     ]
     exported = sorted(declared + [name for names in imports.values() for name in names])
     text = (
-        _environment()
+        environment()
         .get_template("module.py.jinja")
         .render(
             version=soagen.__version__,

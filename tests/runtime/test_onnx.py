@@ -86,7 +86,7 @@ class Doubler(torch.nn.Module):
         return values * 2
 
 
-def _export(
+def export_legacy(
     net: torch.nn.Module,
     example: tuple[Any, ...],
     path: Path,
@@ -137,11 +137,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     array = {"points": n, "cov": first, "adc": first, "scale": first}
     array |= {"score": first, "pair": first}
     found = {
-        "array": _export(
+        "array": export_legacy(
             ArrayNet(), example, folder / "array.onnx", names, ["score", "pair"], array
         ),
         # Positional names: matched to the schema by order.
-        "array_positional": _export(
+        "array_positional": export_legacy(
             ArrayNet(),
             example,
             folder / "positional.onnx",
@@ -149,10 +149,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ["o1", "o2"],
             {"a": n, "b": first, "c": first, "d": first, "o1": first, "o2": first},
         ),
-        "fixed_batch": _export(
+        "fixed_batch": export_legacy(
             ArrayNet(), example, folder / "fixed.onnx", names, ["score", "pair"], None
         ),
-        "wrong_width": _export(
+        "wrong_width": export_legacy(
             Sums(),
             (torch.randn(4, 5), *example[1:]),
             folder / "wide.onnx",
@@ -160,7 +160,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ["score", "pair"],
             array,
         ),
-        "doubler": _export(
+        "doubler": export_legacy(
             Doubler(),
             (torch.randn(5),),
             folder / "doubler.onnx",
@@ -168,7 +168,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             ["doubled"],
             {"values": first, "doubled": first},
         ),
-        "doubler_int": _export(
+        "doubler_int": export_legacy(
             Doubler(),
             (torch.arange(5),),
             folder / "doubler_int.onnx",
@@ -180,7 +180,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.gnn_model import build_model
 
-    found["gnn"] = _export(
+    found["gnn"] = export_legacy(
         build_model(),
         (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
         folder / "gnn.onnx",

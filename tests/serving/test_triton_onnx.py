@@ -12,7 +12,6 @@ included), slices at the buffer's end, two alignments, packed and array columns 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,68 +32,9 @@ from soagen.serving.model_config import Options, TritonError, build_config  # no
 from soagen.serving.repository import Request, write_model  # noqa: E402
 from tests.helpers import REPO, generate_package, import_generated, run_cli  # noqa: E402
 
-# tests/runtime/test_onnx.py's blocks: columns read [c, n], an array column, a packed array column
+# The runtime's ONNX tests' blocks: columns read [c, n], an array column, a packed array column
 # (whose wire order differs from its storage order), a scalar (one value per event on the wire).
-SCHEMA = """
-layout Hits {{
-    align {align}
-    column float32 x, y, z
-    column float32[2, 3] cov
-    column int16[10] adc packed
-    scalar float32 scale
-}}
-
-layout Out {{
-    align {align}
-    column float32 score
-    column float32[2] pair
-}}
-
-model ArrayNet {{
-    input  points = Hits{{x, y, z}} as [c, n]
-    input  cov    = Hits{{cov}}     as [n, 2, 3]
-    input  adc    = Hits{{adc}}     as [n, 10]
-    input  scale  = Hits{{scale}}   as [n, c]
-    output score  = Out{{score}}    as [n]
-    output pair   = Out{{pair}}     as [n, 2]
-}}
-"""
-
-
-class ArrayNet(torch.nn.Module):
-    """Weights every value by its position, so that any value read from the wrong place shows."""
-
-    def forward(self, points, cov, adc, scale):  # type: ignore[no-untyped-def]
-        weights = torch.arange(1.0, 4.0)[:, None]
-        cov_weights = torch.arange(1.0, 7.0).reshape(1, 2, 3)
-        adc_weights = torch.arange(1.0, 11.0)
-        score = (points * weights).sum(0) + (cov * cov_weights).sum((1, 2)) * scale[:, 0]
-        score = score + (adc.float() * adc_weights).sum(1) / 100
-        pair = torch.stack([points[0] * points[1], cov[:, 1, 2] - adc[:, 9].float()], dim=1)
-        return score, pair
-
-
-class Sums(torch.nn.Module):
-    """ArrayNet's inputs and outputs for any number of point rows: exported with 4, a mismatch."""
-
-    def forward(self, points, cov, adc, scale):  # type: ignore[no-untyped-def]
-        return points.sum(0) + adc.float().sum(1) * scale[:, 0], cov.sum(2)
-
-
-def _export(net: Any, example: tuple[Any, ...], path: Path, names: list[str], outputs: list[str], dynamic: dict[str, dict[int, str]]) -> Path:  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            net.eval(),
-            example,
-            str(path),
-            dynamo=False,
-            opset_version=17,
-            input_names=names,
-            output_names=outputs,
-            dynamic_axes=dynamic,
-        )
-    return path
+from tests.runtime.test_onnx import SCHEMA, ArrayNet, Sums, export_legacy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +52,11 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         torch.randn(5, 1),
     )
     found: dict[str, Any] = {"root": root}
-    found["array"] = _export(ArrayNet(), example, root / "array.onnx", names, ["score", "pair"], dynamic)  # fmt: skip
+    found["array"] = export_legacy(ArrayNet(), example, root / "array.onnx", names, ["score", "pair"], dynamic)  # fmt: skip
     wide = (torch.randn(4, 5), *example[1:])
-    found["wide"] = _export(Sums(), wide, root / "wide.onnx", names, ["score", "pair"], dynamic)
+    found["wide"] = export_legacy(
+        Sums(), wide, root / "wide.onnx", names, ["score", "pair"], dynamic
+    )
     for align in (32, 256):
         schema = root / f"hits{align}.soa"
         schema.write_text(SCHEMA.format(align=align))
@@ -276,7 +218,7 @@ def test_the_readme_gnn_entry_equals_ort_and_eager(made: dict[str, Any]) -> None
 
     root = made["root"]
     net = build_model()
-    path = _export(
+    path = export_legacy(
         net,
         (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
         root / "gnn.onnx",
