@@ -21,6 +21,19 @@ from soagen.generator.python import generate
 REPO = Path(__file__).resolve().parent.parent
 
 
+def assert_golden(text: str, golden: Path, update: bool) -> None:
+    """`text` equals the checked-in `golden` file; with `update` (pytest --update-golden) the file is
+    rewritten instead and the test skipped, since nothing was compared."""
+    import pytest
+
+    if update:
+        changed = not golden.exists() or golden.read_text() != text
+        golden.write_text(text)
+        pytest.skip(f"{golden} {'rewritten: review the diff' if changed else 'unchanged'}")
+    assert golden.exists(), f"{golden} is missing: run pytest --update-golden"
+    assert text == golden.read_text(), f"{golden} differs: run pytest --update-golden and review"
+
+
 def run_cli(*args: str) -> tuple[int, str, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

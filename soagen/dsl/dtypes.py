@@ -2,7 +2,8 @@
 
 Each row names the type in the .soa language and says how every consumer spells it: its size in bytes,
 the torch and NumPy attribute names (strings, so this module imports neither) and the C++ type a
-CMSSW producer declares.
+CMSSW producer declares (none for the half-precision types: C++20 has no standard one a CMSSW column
+holds).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class DType:
     torch_name: str
     # The NumPy type members are read as: NumPy has no bfloat16, so those are raw uint16 patterns.
     numpy_name: str
-    cpp_name: str
+    cpp_name: str | None
 
 
 DTYPES: dict[str, DType] = {
@@ -32,8 +33,8 @@ DTYPES: dict[str, DType] = {
         DType("uint16", 2, "uint16", "uint16", "uint16_t"),
         DType("uint32", 4, "uint32", "uint32", "uint32_t"),
         DType("uint64", 8, "uint64", "uint64", "uint64_t"),
-        DType("float16", 2, "float16", "float16", "half"),
-        DType("bfloat16", 2, "bfloat16", "uint16", "bfloat16"),
+        DType("float16", 2, "float16", "float16", None),
+        DType("bfloat16", 2, "bfloat16", "uint16", None),
         DType("float32", 4, "float32", "float32", "float"),
         DType("float64", 8, "float64", "float64", "double"),
     )

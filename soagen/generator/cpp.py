@@ -18,25 +18,13 @@ from dataclasses import dataclass
 
 import soagen
 from soagen.dsl.diagnostics import Diagnostic, Span
+from soagen.dsl.dtypes import DTYPES
 from soagen.dsl.ir import Layout, Member, MemberKind, Model, Schema, SchemaFile
 from soagen.generator.rendering import environment
 
-# dtypes with no C++ type a CMSSW column can hold (no standard half or bfloat16 in C++20).
-_NO_CPP_TYPE = frozenset({"float16", "bfloat16"})
-
-# The C++ type of every other dtype; fixed-width integers from <cstdint>.
+# The C++ type of each dtype a CMSSW column can hold; fixed-width integers from <cstdint>.
 CPP_TYPES: dict[str, str] = {
-    "bool": "bool",
-    "int8": "int8_t",
-    "int16": "int16_t",
-    "int32": "int32_t",
-    "int64": "int64_t",
-    "uint8": "uint8_t",
-    "uint16": "uint16_t",
-    "uint32": "uint32_t",
-    "uint64": "uint64_t",
-    "float32": "float",
-    "float64": "double",
+    name: dtype.cpp_name for name, dtype in DTYPES.items() if dtype.cpp_name is not None
 }
 
 # C++20's keywords and alternative tokens: none of them can name a member.
@@ -183,7 +171,7 @@ def cpp_problems(schema: Schema) -> list[Diagnostic]:
     for schema_file in schema.files:
         for layout in schema_file.layouts:
             for member in layout.members:
-                if member.dtype_name in _NO_CPP_TYPE:
+                if member.dtype_name not in CPP_TYPES:
                     problems.append(
                         Diagnostic(
                             "SOA501",

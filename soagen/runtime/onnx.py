@@ -264,9 +264,16 @@ class OnnxBackend(Backend):
             run_options = onnxruntime.RunOptions()
             # The run is queued on the caller's stream like torch's own kernels: no host wait.
             run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        from soagen.runtime.buffers import copy_values
+
         inputs, outputs = self._input_storages, self._output_storages
         count = len(inputs)
         staged = self.output_mode == "staged"
+        # What each call binds that does not depend on the call: names and element types.
+        input_names = [f"soagen.{storage.binding}" for storage in inputs]
+        input_types = [ONNX_ELEMENT_TYPES[storage.dtype] for storage in inputs]
+        output_types = [ONNX_ELEMENT_TYPES[storage.dtype] for storage in outputs]
+        output_rows = [row_outputs(storage.binding, storage.rows) for storage in outputs]
 
         def session_for(model: bytes, cache: dict[int, typing.Any]) -> typing.Any:
             stream = torch.cuda.current_stream(device).cuda_stream if on_cuda else 0
@@ -285,10 +292,10 @@ class OnnxBackend(Backend):
             for position, (storage, view) in enumerate(zip(inputs, views, strict=True)):
                 origin, shape, start, stop, elements = _bound_input(storage, view)
                 binding.bind_input(
-                    f"soagen.{storage.binding}",
+                    input_names[position],
                     device.type,
                     device_id,
-                    ONNX_ELEMENT_TYPES[storage.dtype],
+                    input_types[position],
                     shape,
                     origin,
                 )
@@ -296,8 +303,9 @@ class OnnxBackend(Backend):
                 shifted.append(bool(start) and not storage.scalar)
             binding.bind_input(RANGES_INPUT, "cpu", 0, 7, [3 * count], ranges.ctypes.data)
             scratch = []
-            for storage, port, target in zip(outputs, self._output_ports, targets, strict=True):
-                element_type = ONNX_ELEMENT_TYPES[storage.dtype]
+            for storage, port, target, element_type, rows in zip(
+                outputs, self._output_ports, targets, output_types, output_rows, strict=True
+            ):
                 if staged:
                     held = torch.empty(target.shape, dtype=target.dtype, device=target.device)
                     scratch.append(held)
@@ -312,7 +320,7 @@ class OnnxBackend(Backend):
                     continue
                 pitch, values = _row_geometry(storage, target)
                 address, step = target.data_ptr(), pitch * target.element_size()
-                for row, name in enumerate(row_outputs(storage.binding, storage.rows)):
+                for row, name in enumerate(rows):
                     binding.bind_output(
                         name,
                         device.type,
@@ -329,8 +337,6 @@ class OnnxBackend(Backend):
                 )
                 before = [target.clone() for target in targets]
             session.run_with_iobinding(binding, run_options)
-            from soagen.runtime.buffers import copy_values
-
             for target, held in zip(targets, scratch, strict=False):
                 copy_values(target, held)
             if reference is not None:

@@ -26,9 +26,8 @@ from soagen.dsl.names import COLLECTION_ATTRIBUTES, is_python_keyword
 
 # C++ spellings of the fundamental types, as g++ on x86-64 Linux sizes them (LP64; `char` signed).
 FUNDAMENTAL_TYPES: dict[str, str] = {
-    "bool": "bool",
-    "float": "float32",
-    "double": "float64",
+    **{dtype.cpp_name: name for name, dtype in DTYPES.items() if dtype.cpp_name is not None},
+    **{f"std::{name}_t": name for name in INTEGER_DTYPES},
     "char": "int8",
     "signed char": "int8",
     "unsigned char": "uint8",
@@ -53,7 +52,6 @@ FUNDAMENTAL_TYPES: dict[str, str] = {
     "size_t": "uint64",
     "std::size_t": "uint64",
     "std::byte": "uint8",
-    **{f"{prefix}{name}_t": name for prefix in ("", "std::") for name in INTEGER_DTYPES},
 }
 _FUNDAMENTAL_WORDS = frozenset({"signed", "unsigned", "short", "long", "int", "char"})
 

@@ -15,7 +15,7 @@ from soagen.dsl.ir import Schema
 from soagen.dsl.layout import byte_size, member_offsets
 from soagen.dsl.loader import load
 from soagen.generator.cpp import cpp_problems, generate_cpp, valid_namespace
-from tests.helpers import REPO
+from tests.helpers import REPO, assert_golden
 
 GOLDEN = REPO / "tests" / "golden"
 STANDIN = REPO / "tests" / "cpp" / "include"
@@ -98,13 +98,7 @@ def _generate(schema: Path, namespace: str | None = None) -> dict[str, str]:
 @pytest.mark.parametrize("schema", GOLDEN_SCHEMAS, ids=lambda p: p.name)
 def test_golden(schema: Path, request: pytest.FixtureRequest) -> None:
     text = _generate(schema)[schema.stem]
-    golden = GOLDEN / f"{schema.stem}.h"
-    if request.config.getoption("--update-golden"):
-        changed = not golden.exists() or golden.read_text() != text
-        golden.write_text(text)
-        pytest.skip(f"{golden} {'rewritten: review the diff' if changed else 'unchanged'}")
-    assert golden.exists(), f"{golden} is missing: run pytest --update-golden"
-    assert text == golden.read_text(), f"{golden} differs: run pytest --update-golden and review"
+    assert_golden(text, GOLDEN / f"{schema.stem}.h", request.config.getoption("--update-golden"))
 
 
 def test_golden_schemas_c_plus_plus_cannot_hold_are_refused() -> None:

@@ -13,7 +13,7 @@ import pytest
 from soagen.dsl.layout import block_view, byte_size, member_offsets, member_view
 from soagen.dsl.loader import load
 from soagen.generator.python import generate
-from tests.helpers import REPO, generate_package, import_generated
+from tests.helpers import REPO, assert_golden, generate_package, import_generated
 
 GOLDEN = REPO / "tests" / "golden"
 GOLDEN_SCHEMAS = sorted(GOLDEN.glob("*.soa"))
@@ -32,14 +32,7 @@ def _generated_in_repo(schema: Path) -> dict[str, str]:
 @pytest.mark.parametrize("schema", GOLDEN_SCHEMAS, ids=lambda p: p.name)
 def test_golden(schema: Path, request: pytest.FixtureRequest) -> None:
     text = _generated_in_repo(schema)[schema.stem]
-    golden = GOLDEN / f"{schema.stem}.py"
-    if request.config.getoption("--update-golden"):
-        changed = not golden.exists() or golden.read_text() != text
-        golden.write_text(text)
-        # Nothing was compared: the golden file is now whatever the generator wrote.
-        pytest.skip(f"{golden} {'rewritten: review the diff' if changed else 'unchanged'}")
-    assert golden.exists(), f"{golden} is missing: run pytest --update-golden"
-    assert text == golden.read_text(), f"{golden} differs: run pytest --update-golden and review"
+    assert_golden(text, GOLDEN / f"{schema.stem}.py", request.config.getoption("--update-golden"))
 
 
 def test_checked_in_generated_modules_are_current() -> None:

@@ -110,6 +110,23 @@ def export_legacy(
     return path
 
 
+def export_gnn(net: torch.nn.Module, path: Path) -> Path:
+    """The README's GNN as users export it: nodes and edges each with a dynamic count."""
+    return export_legacy(
+        net,
+        (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
+        path,
+        ["node_features", "edge_index", "edge_features"],
+        ["edge_scores"],
+        {
+            "node_features": {0: "nodes"},
+            "edge_index": {1: "edges"},
+            "edge_features": {0: "edges"},
+            "edge_scores": {0: "edges"},
+        },
+    )
+
+
 @pytest.fixture(scope="session")
 def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ModuleType]:
     """The schema generated at two alignments."""
@@ -180,19 +197,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.gnn_model import build_model
 
-    found["gnn"] = export_legacy(
-        build_model(),
-        (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
-        folder / "gnn.onnx",
-        ["node_features", "edge_index", "edge_features"],
-        ["edge_scores"],
-        {
-            "node_features": {0: "nodes"},
-            "edge_index": {1: "edges"},
-            "edge_features": {0: "edges"},
-            "edge_scores": {0: "edges"},
-        },
-    )
+    found["gnn"] = export_gnn(build_model(), folder / "gnn.onnx")
     return found
 
 

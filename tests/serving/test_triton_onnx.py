@@ -34,7 +34,7 @@ from tests.helpers import REPO, generate_package, import_generated, run_cli  # n
 
 # The runtime's ONNX tests' blocks: columns read [c, n], an array column, a packed array column
 # (whose wire order differs from its storage order), a scalar (one value per event on the wire).
-from tests.runtime.test_onnx import SCHEMA, ArrayNet, Sums, export_legacy  # noqa: E402
+from tests.runtime.test_onnx import SCHEMA, ArrayNet, Sums, export_gnn, export_legacy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -218,19 +218,7 @@ def test_the_readme_gnn_entry_equals_ort_and_eager(made: dict[str, Any]) -> None
 
     root = made["root"]
     net = build_model()
-    path = export_legacy(
-        net,
-        (torch.randn(16, 4), torch.randint(0, 16, (2, 64)), torch.rand(64, 2)),
-        root / "gnn.onnx",
-        ["node_features", "edge_index", "edge_features"],
-        ["edge_scores"],
-        {
-            "node_features": {0: "nodes"},
-            "edge_index": {1: "edges"},
-            "edge_features": {0: "edges"},
-            "edge_scores": {0: "edges"},
-        },
-    )
+    path = export_gnn(net, root / "gnn.onnx")
     written = write_model(
         Request(
             schema=REPO / "schemas" / "gnn.soa",
