@@ -7,9 +7,9 @@ the element axis running along each row. At load the graph is adapted once per b
 left as it is; the adapted model is cached per file and binding):
 
 - each input takes the block's storage as it lies in the buffer, a dense `[R, pitch]` tensor bound
-  at the buffer's own address; the graph slices each row to the call's elements (their first and
-  last value in the row come in one small int64 input, `soagen.ranges`, three values per input:
-  start, stop, element count), reshapes the rows to the block's storage dimensions and transposes
+  at the buffer's own address; the graph slices each row to the call's elements (where their
+  values start and stop in the row come in two `[1]` int64 inputs of their own,
+  `soagen.<binding>.start` and `.stop`), reshapes the rows to the block's storage dimensions and transposes
   them into the declared order. A packed column's row holds k values per element, and a block of
   scalars (one value per collection, stride 0 along n) is expanded to the element count.
 - each output is transposed to storage order and split into its rows, one graph output per row,
@@ -51,7 +51,6 @@ from soagen.runtime.onnx_graph import (
     METADATA_FORMAT,
     METADATA_KEY,
     ONNX_ELEMENT_TYPES,
-    RANGES_INPUT,
     BlockStorage,
     _gaps,
     _Port,
@@ -59,6 +58,7 @@ from soagen.runtime.onnx_graph import (
     adapt,
     block_storage,
     match_ports,
+    range_inputs,
     row_outputs,
     storage_file_outputs,
 )
@@ -99,9 +99,11 @@ def storage_metadata(binding: type[ModelBinding]) -> dict[str, object]:
         "soagen_version": soagen.__version__,
         "schema": binding.SCHEMA,
         "binding": describe_binding(binding),
-        "ranges_input": RANGES_INPUT,
         "storage_inputs": {
             spec.name: [f"soagen.{spec.name}", block_storage(spec).rows] for spec in binding.INPUTS
+        },
+        "range_inputs": {
+            spec.name: list(range_inputs(block_storage(spec))) for spec in binding.INPUTS
         },
     }
 
@@ -124,7 +126,7 @@ def exported_metadata(
     expected = json.loads(json.dumps(storage_metadata(binding)))  # tuples as JSON lists
     differ = [
         key
-        for key in ("format", "binding", "ranges_input", "storage_inputs")
+        for key in ("format", "binding", "storage_inputs", "range_inputs")
         if recorded.get(key) != expected[key]
     ]
     if differ:
@@ -274,18 +276,20 @@ class OnnxBackend(Backend):
         input_types = [ONNX_ELEMENT_TYPES[storage.dtype] for storage in inputs]
         output_types = [ONNX_ELEMENT_TYPES[storage.dtype] for storage in outputs]
         output_rows = [row_outputs(storage.binding, storage.rows) for storage in outputs]
+        range_names = [range_inputs(storage) for storage in inputs]
 
-        def session_for(model: bytes, cache: dict[int, typing.Any]) -> typing.Any:
-            stream = torch.cuda.current_stream(device).cuda_stream if on_cuda else 0
+        def session_for(model: bytes, cache: dict[int, typing.Any], stream: int) -> typing.Any:
             session = cache.get(stream)
             if session is None:
                 session = self._session(onnxruntime, model, device, stream)
                 cache[stream] = session
             return session
 
-        def run(tensors: Sequence[torch.Tensor]) -> object:
-            views, targets = tensors[:count], tensors[count:]
-            session = session_for(self._adapted, sessions)
+        def plan(
+            views: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], stream: int
+        ) -> _Plan:
+            """Everything bound for one geometry of the call's blocks."""
+            session = session_for(self._adapted, sessions, stream)
             binding = session.io_binding()
             ranges = numpy.empty(3 * count, dtype=numpy.int64)
             shifted = []
@@ -299,9 +303,12 @@ class OnnxBackend(Backend):
                     shape,
                     origin,
                 )
-                ranges[3 * position : 3 * position + 3] = (start, stop, elements)
+                first = 3 * position
+                ranges[first : first + 3] = (start, stop, elements)
+                for offset, name in enumerate(range_names[position]):
+                    address = ranges.ctypes.data + (first + offset) * ranges.itemsize
+                    binding.bind_input(name, "cpu", 0, 7, [1], address)
                 shifted.append(bool(start) and not storage.scalar)
-            binding.bind_input(RANGES_INPUT, "cpu", 0, 7, [3 * count], ranges.ctypes.data)
             scratch = []
             for storage, port, target, element_type, rows in zip(
                 outputs, self._output_ports, targets, output_types, output_rows, strict=True
@@ -329,19 +336,42 @@ class OnnxBackend(Backend):
                         [1, values],
                         address + row * step,
                     )
-            key = (str(device), tuple(shifted))
+            return _Plan(session, binding, ranges, scratch, (str(device), tuple(shifted)))
+
+        plans = threading.local()
+
+        def run(tensors: Sequence[torch.Tensor]) -> object:
+            views, targets = tensors[:count], tensors[count:]
+            stream = torch.cuda.current_stream(device).cuda_stream if on_cuda else 0
+            # A binding holds addresses and shapes only, and rebinding costs ONNX Runtime more
+            # than the run of a small model: calls on the same blocks (same addresses, shapes,
+            # strides and buffer bounds) run the binding made for them before.
+            key = (
+                stream,
+                *[(t.data_ptr(), t.shape, t.stride()) for t in tensors],
+                *[_bounds(view) for view in views],
+            )
+            cached: dict[tuple[object, ...], _Plan] | None = getattr(plans, "cached", None)
+            if cached is None:
+                cached = plans.cached = {}
+            bound = cached.get(key)
+            if bound is None:
+                bound = plan(views, targets, stream)
+                if len(cached) >= _PLANS_PER_THREAD:
+                    del cached[next(iter(cached))]
+                cached[key] = bound
             reference = None
-            if self._original is not None and key not in self._checked:
+            if self._original is not None and bound.check_key not in self._checked:
                 reference = self._reference(
-                    session_for(self._original, references), views, targets, device
+                    session_for(self._original, references, stream), views, targets, device
                 )
                 before = [target.clone() for target in targets]
-            session.run_with_iobinding(binding, run_options)
-            for target, held in zip(targets, scratch, strict=False):
+            bound.session.run_with_iobinding(bound.binding, run_options)
+            for target, held in zip(targets, bound.scratch, strict=False):
                 copy_values(target, held)
             if reference is not None:
                 self._compare(targets, reference, views, before)
-                self._checked.add(key)
+                self._checked.add(bound.check_key)
             return None
 
         return run
@@ -443,6 +473,27 @@ class OnnxBackend(Backend):
         )
 
 
+# Bindings kept per thread (oldest dropped first): a loop over a few reused buffers hits them.
+_PLANS_PER_THREAD = 8
+
+
+class _Plan(typing.NamedTuple):
+    """A session's IO binding for one geometry of a call's blocks, what it binds besides them
+    (the element ranges, staged outputs' scratch tensors), and which geometry check it needs."""
+
+    session: typing.Any
+    binding: typing.Any
+    ranges: typing.Any
+    scratch: list[torch.Tensor]
+    check_key: tuple[str, tuple[bool, ...]]
+
+
+def _bounds(view: torch.Tensor) -> tuple[int, int]:
+    """Where a view's buffer starts and how long it is: where its rows may be bound from."""
+    memory = view.untyped_storage()
+    return memory.data_ptr(), memory.nbytes()
+
+
 def _row_geometry(storage: BlockStorage, tensor: torch.Tensor) -> tuple[int, int]:
     """(pitch, values per row) of a block's view: the distance between its rows and the values
     each row holds for the view's elements; BindingError where the strides are not the block's."""
@@ -481,8 +532,8 @@ def _bound_input(storage: BlockStorage, view: torch.Tensor) -> tuple[int, list[i
     """
     pitch, values = _row_geometry(storage, view)
     itemsize = view.element_size()
-    memory = view.untyped_storage()
-    end = memory.data_ptr() + memory.nbytes()
+    first, size = _bounds(view)
+    end = first + size
     origin = view.data_ptr()
     overrun = origin + storage.rows * pitch * itemsize - end
     shift = -(-overrun // itemsize) if overrun > 0 else 0

@@ -41,13 +41,11 @@ _DTYPE_OF_ELEMENT_TYPE = {value: key for key, value in ONNX_ELEMENT_TYPES.items(
 # least this many values, far above any per-element extent, and off every alignment multiple.
 _REFERENCE_N = 1_000_003
 
-# The adapted graph's input holding each input's (start, stop, element count).
-RANGES_INPUT = "soagen.ranges"
 
 # The metadata_props key of an ONNX file `soagen compile` wrote, whose inputs already take the
 # blocks' storage: JSON naming its format, the binding it was exported for and its storage rows.
 METADATA_KEY = "soagen"
-METADATA_FORMAT = "soagen-onnx-storage-1"
+METADATA_FORMAT = "soagen-onnx-storage-2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +359,7 @@ def adapted_inputs(
     storages: Mapping[str, BlockStorage],
     constant: typing.Callable[[str, Sequence[int]], str],
 ) -> list[typing.Any]:
-    """Replace the graph's inputs with the blocks' storage and the ranges input: the nodes that
+    """Replace the graph's inputs with the blocks' storage and their range inputs: the nodes that
     slice and reorder them into the model's inputs (see the module's doc)."""
     import onnx
     from onnx import helper
@@ -371,9 +369,6 @@ def adapted_inputs(
     kept = [value for value in graph.input if value.name not in original_inputs]
     del graph.input[:]
     graph.input.extend(kept)
-    graph.input.append(
-        helper.make_tensor_value_info(RANGES_INPUT, onnx.TensorProto.INT64, [3 * len(inputs)])
-    )
     for position, (spec, port) in enumerate(zip(binding.INPUTS, inputs, strict=True)):
         storage = storages[spec.name]
         prefix = f"{spec.name}.{position}"
@@ -383,35 +378,26 @@ def adapted_inputs(
                 stored, ONNX_ELEMENT_TYPES[storage.dtype], [storage.rows, f"{spec.name}_pitch"]
             )
         )
-        bounds = []
-        for offset, what in enumerate(("start", "stop", "count")):
-            name = f"soagen.{prefix}.{what}"
-            first = 3 * position + offset
-            nodes.append(
-                helper.make_node(
-                    "Slice",
-                    [
-                        RANGES_INPUT,
-                        constant(f"{name}.from", [first]),
-                        constant(f"{name}.to", [first + 1]),
-                    ],
-                    [name],
-                )
-            )
-            bounds.append(name)
+        ranges = range_inputs(storage)
+        graph.input.extend(
+            helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [1]) for name in ranges
+        )
         sliced = f"soagen.{prefix}.sliced"
         nodes.append(
             helper.make_node(
-                "Slice", [stored, bounds[0], bounds[1], constant(f"{prefix}.axis", [1])], [sliced]
+                "Slice", [stored, ranges[0], ranges[1], constant(f"{prefix}.axis", [1])], [sliced]
             )
         )
-        if storage.scalar and storage.element_axis is not None:
+        # The values' shape as far as the graph knows it, -1 for the one extent n sets: a Reshape
+        # to the shape they already have is left out (each node costs ONNX Runtime microseconds).
+        current = [storage.rows, -1]
+        if len(ranges) == 3:
             # One value per collection: the model sees it repeated for every element.
             shape = f"soagen.{prefix}.expanded_shape"
             nodes.append(
                 helper.make_node(
                     "Concat",
-                    [constant(f"{prefix}.rows", [storage.rows]), bounds[2]],
+                    [constant(f"{prefix}.rows", [storage.rows]), ranges[2]],
                     [shape],
                     axis=0,
                 )
@@ -420,22 +406,40 @@ def adapted_inputs(
             nodes.append(helper.make_node("Expand", [sliced, shape], [expanded]))
             sliced = expanded
         for step, (dims, perm) in enumerate(axis_moves(storage)):
-            grouped, moved = f"soagen.{prefix}.grouped{step}", f"soagen.{prefix}.moved{step}"
-            nodes.append(
-                helper.make_node(
-                    "Reshape", [sliced, constant(f"{prefix}.groups{step}", dims)], [grouped]
+            if dims != current:
+                grouped = f"soagen.{prefix}.grouped{step}"
+                nodes.append(
+                    helper.make_node(
+                        "Reshape", [sliced, constant(f"{prefix}.groups{step}", dims)], [grouped]
+                    )
                 )
-            )
-            nodes.append(helper.make_node("Transpose", [grouped], [moved], perm=perm))
-            sliced = moved
+                sliced = grouped
+            moved = f"soagen.{prefix}.moved{step}"
+            nodes.append(helper.make_node("Transpose", [sliced], [moved], perm=perm))
+            sliced, current = moved, [dims[axis] for axis in perm]
         declared = [
             -1 if axis == storage.element_axis else storage.sizes[axis]
             for axis in range(len(storage.axes))
         ]
-        nodes.append(
-            helper.make_node("Reshape", [sliced, constant(f"{prefix}.dims", declared)], [port.name])
-        )
+        if declared == current:
+            nodes[-1].output[0] = port.name  # `sliced` is the last node's output
+        else:
+            nodes.append(
+                helper.make_node(
+                    "Reshape", [sliced, constant(f"{prefix}.dims", declared)], [port.name]
+                )
+            )
     return nodes
+
+
+def range_inputs(storage: BlockStorage) -> tuple[str, ...]:
+    """The adapted graph's [1] int64 inputs of one input block: where each row's values for the
+    call's elements start and stop, and, for a block of scalars, the element count it is
+    repeated to."""
+    names: tuple[str, ...] = (f"soagen.{storage.binding}.start", f"soagen.{storage.binding}.stop")
+    if storage.scalar and storage.element_axis is not None:
+        names += (f"soagen.{storage.binding}.count",)
+    return names
 
 
 def axis_moves(storage: BlockStorage) -> list[tuple[list[int], list[int]]]:

@@ -9,8 +9,9 @@ model's own) between two thin layers:
 
 - in front, each wire tensor becomes the storage rows that graph takes, `[R, values]`: a reshape
   (the batch axis of 1 folds in), after a transpose only for packed array columns, whose wire order
-  puts the element axis after the values of one element; and the ranges input, computed from the
-  shapes: (0, values, n) per input. A block of scalars takes n from an input of its layout.
+  puts the element axis after the values of one element; and each input's range inputs, from the
+  shapes: start 0, stop the values in a row, and for a block of scalars n, from an input of its
+  layout.
 - behind it, each output is transposed from declared to wire order and given the inputs' batch
   axis.
 
@@ -26,12 +27,12 @@ from collections.abc import Mapping, Sequence
 
 from soagen.runtime.onnx_graph import (
     ONNX_ELEMENT_TYPES,
-    RANGES_INPUT,
     BlockStorage,
     _ports,
     adapt,
     block_storage,
     match_ports,
+    range_inputs,
 )
 from soagen.serving.wire import WireTensor, wire_tensor
 
@@ -97,12 +98,12 @@ def entry_model(
         constants.append(helper.make_tensor(full, onnx.TensorProto.INT64, [len(values)], values))
         return full
 
-    def dim_of(tensor: str, axis: int, name: str) -> str:
-        """A [1] int64 tensor holding `tensor`'s size along `axis` (Shape's start/end need opset
-        15; the adaptation takes 13)."""
+    def dim_of(tensor: str, axis: int, name: str, size: str | None = None) -> str:
+        """A [1] int64 tensor (named `size`, if given) holding `tensor`'s size along `axis`
+        (Shape's start/end need opset 15; the adaptation takes 13)."""
         shape = f"{_LAYER_PREFIX}{name}.shape"
         nodes.append(helper.make_node("Shape", [tensor], [shape]))
-        size = f"{_LAYER_PREFIX}{name}.size"
+        size = size or f"{_LAYER_PREFIX}{name}.size"
         nodes.append(
             helper.make_node(
                 "Slice",
@@ -112,8 +113,12 @@ def entry_model(
         )
         return size
 
+    ranges = {
+        spec.name: [f"{MODEL_PREFIX}{name}" for name in range_inputs(storages[spec.name])]
+        for spec in binding.INPUTS
+    }
     stored_names = {f"{MODEL_PREFIX}soagen.{spec.name}" for spec in binding.INPUTS}
-    stored_names.add(f"{MODEL_PREFIX}{RANGES_INPUT}")
+    stored_names.update(name for names in ranges.values() for name in names)
     kept = [value for value in graph.input if value.name not in stored_names]
     del graph.input[:]
     counts: dict[str, str] = {}  # layout -> its element count, from its first input with columns
@@ -122,21 +127,19 @@ def entry_model(
             counts.setdefault(
                 spec.block.layout, dim_of(names[spec.name], 1 + wire.element_axis, f"{spec.name}.n")
             )
-    ranges = []
     for spec, wire in zip(binding.INPUTS, wires_in, strict=True):
         storage = storages[spec.name]
         tensor = names[spec.name]
         graph.input.append(_wire_value(tensor, wire))
         rows = _storage_rows(tensor, wire, storage, nodes, constant, spec.name)
-        values = dim_of(rows, 1, f"{spec.name}.values")
-        if storage.element_axis is None:
-            count = constant(f"{spec.name}.one", [1])
-        else:
+        # The wire carries the call's values alone: each row is taken whole.
+        start, stop, *count = ranges[spec.name]
+        constants.append(helper.make_tensor(start, onnx.TensorProto.INT64, [1], [0]))
+        dim_of(rows, 1, f"{spec.name}.values", stop)
+        if count:
             # A block of scalars travels once per event: its layout's n comes from another input
             # (`soagen triton` refuses a layout bound only as scalars).
-            count = counts[spec.block.layout]
-        ranges += [constant(f"{spec.name}.start", [0]), values, count]
-    nodes.append(helper.make_node("Concat", ranges, [f"{MODEL_PREFIX}{RANGES_INPUT}"], axis=0))
+            nodes.append(helper.make_node("Identity", [counts[spec.block.layout]], count))
     graph.input.extend(kept)
     # The outputs' batch axis is the inputs' (1), expanded from an input's shape rather than a
     # constant one, so that ONNX Runtime keeps it dynamic, as Triton's backend wants where

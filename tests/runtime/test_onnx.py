@@ -311,6 +311,50 @@ def test_the_readme_gnn_equals_ort_and_eager(
         edges.src[0] = bad
 
 
+def test_calls_on_the_same_blocks_reuse_their_binding(
+    modules: dict[int, ModuleType], files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A binding holds addresses: calls on the same blocks run the one made for them, see the
+    values written there since, and any other geometry (a slice, another buffer, another
+    thread) gets its own."""
+    import threading
+
+    made: list[int] = []
+    real = onnxruntime.InferenceSession.io_binding
+
+    def counted(session: Any) -> Any:
+        made.append(threading.get_ident())
+        return real(session)
+
+    monkeypatch.setattr(onnxruntime.InferenceSession, "io_binding", counted)
+    module = modules[32]
+    for mode in soagen_onnx.OUTPUT_MODES:
+        model = module.ArrayNet.load(files["array"], backend_options={"outputs": mode})
+        hits, out = _hits(module, 50, seed=1), module.Out.allocate(50)
+        model(hits, out=out)  # its binding, and the first call's check on the original model
+        made.clear()
+        for seed in (2, 3):
+            hits.buffer.copy_(_hits(module, 50, seed=seed).buffer)
+            model(hits, out=out)
+            (score, pair) = _ort_on_contiguous(files["array"], model, _bound(model, hits))
+            torch.testing.assert_close(out.score, score, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out.pair, pair, rtol=1e-5, atol=1e-5)
+        assert made == []
+        # More geometries than a thread keeps: the oldest are made again, results stay right.
+        geometries = [(start, 50) for start in range(2, 22, 2)]
+        for start, stop in geometries * 2:
+            model(hits.slice(start, stop), out=out.slice(start, stop))
+        assert len(made) == 2 * len(geometries)
+        (score, pair) = _ort_on_contiguous(files["array"], model, _bound(model, hits))
+        torch.testing.assert_close(out.score, score, rtol=1e-5, atol=1e-5)
+        # Another thread binds the same blocks for itself.
+        made.clear()
+        worker = threading.Thread(target=model, args=(hits,), kwargs={"out": out})
+        worker.start()
+        worker.join()
+        assert len(made) == 1 and made[0] != threading.get_ident()
+
+
 def test_no_copy_on_the_call_path(modules: dict[int, ModuleType], files: dict[str, Path]) -> None:
     """ONNX Runtime reads the blocks and writes the output rows at the buffers' own addresses:
     torch copies nothing during the call."""
@@ -408,23 +452,7 @@ def test_a_wrong_adaptation_is_caught_by_the_first_call(
     real = soagen_onnx.adapt
 
     def swapping(model: Any, *args: Any) -> Any:
-        adapted = real(model, *args)
-        for node in adapted.graph.node:
-            if node.op_type == "Transpose" and node.output[0] == "points":
-                raise AssertionError("points is bound as [c, n]: no transpose expected")
-        for node in adapted.graph.node:
-            if node.op_type == "Reshape" and node.output[0] == "points":
-                reversed_rows = "soagen.points.reversed"
-                node.output[0] = reversed_rows
-                index = soagen_onnx_helper().make_tensor("soagen.swap", 7, [3], [1, 0, 2])
-                adapted.graph.initializer.append(index)
-                gather = soagen_onnx_helper().make_node(
-                    "Gather", [reversed_rows, "soagen.swap"], ["points"], axis=0
-                )
-                position = list(adapted.graph.node).index(node)
-                adapted.graph.node.insert(position + 1, gather)
-                return adapted
-        raise AssertionError("no reshape produced points")
+        return swap_points_rows(real(model, *args))
 
     monkeypatch.setattr(soagen_onnx, "adapt", swapping)
     monkeypatch.setattr(soagen_onnx, "_adapted_cache", {})
@@ -438,10 +466,23 @@ def test_a_wrong_adaptation_is_caught_by_the_first_call(
     assert torch.equal(out.buffer, held)
 
 
-def soagen_onnx_helper() -> Any:
+def swap_points_rows(adapted: Any, points: str = "points") -> Any:
+    """An adapted graph made wrong on purpose: the first two of the `points` input's three rows
+    swapped where the adaptation hands them to the model."""
     from onnx import helper
 
-    return helper
+    for position, node in enumerate(adapted.graph.node):
+        if node.output[0] == points:
+            if node.op_type == "Transpose":
+                raise AssertionError(f"{points} is bound as [c, n]: no transpose expected")
+            node.output[0] = f"soagen.{points}.unswapped"
+            adapted.graph.initializer.append(helper.make_tensor("soagen.swap", 7, [3], [1, 0, 2]))
+            gather = helper.make_node(
+                "Gather", [f"soagen.{points}.unswapped", "soagen.swap"], [points], axis=0
+            )
+            adapted.graph.node.insert(position + 1, gather)
+            return adapted
+    raise AssertionError(f"no node produced {points}")
 
 
 def test_missing_packages_name_the_extra(
@@ -538,7 +579,11 @@ def test_a_compiled_file_takes_the_storage_and_equals_eager(
     module = modules[32]
     graph = onnx.load(str(compiled["array"])).graph
     assert {value.name for value in graph.input} == {
-        soagen_onnx.RANGES_INPUT,
+        *(
+            name
+            for spec in module.ArrayNet.INPUTS
+            for name in soagen_onnx.range_inputs(soagen_onnx.block_storage(spec))
+        ),
         *(f"soagen.{spec.name}" for spec in module.ArrayNet.INPUTS),
     }
     eager = ArrayNet()

@@ -34,7 +34,14 @@ from tests.helpers import REPO, generate_package, import_generated, run_cli  # n
 
 # The runtime's ONNX tests' blocks: columns read [c, n], an array column, a packed array column
 # (whose wire order differs from its storage order), a scalar (one value per event on the wire).
-from tests.runtime.test_onnx import SCHEMA, ArrayNet, Sums, export_gnn, export_legacy  # noqa: E402
+from tests.runtime.test_onnx import (  # noqa: E402
+    SCHEMA,
+    ArrayNet,
+    Sums,
+    export_gnn,
+    export_legacy,
+    swap_points_rows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -306,23 +313,10 @@ def test_a_wrong_adaptation_is_caught_before_anything_is_written(
 ) -> None:
     """A test double of the adapter that swaps two of the points' rows: the check against the
     original model fails the command, and no entry is written."""
-    from onnx import helper
-
     real = onnx_entry.adapt
 
     def swapping(model: Any, *args: Any) -> Any:
-        adapted = real(model, *args)
-        for position, node in enumerate(adapted.graph.node):
-            if node.op_type == "Reshape" and node.output[0] == "points":
-                node.output[0] = "soagen.points.unswapped"
-                swap = helper.make_tensor("soagen.swap", 7, [3], [1, 0, 2])
-                adapted.graph.initializer.append(swap)
-                gather = helper.make_node(
-                    "Gather", ["soagen.points.unswapped", "soagen.swap"], ["points"], axis=0
-                )
-                adapted.graph.node.insert(position + 1, gather)
-                return adapted
-        raise AssertionError("no reshape produced points")
+        return swap_points_rows(real(model, *args))
 
     monkeypatch.setattr(onnx_entry, "adapt", swapping)
     repository = made["root"] / "swapped"
