@@ -63,3 +63,28 @@ class GnnColumnsFirst(nn.Module):
             node_columns.t(), edge_index[:, :edges], edge_columns[:, :edges].t()
         )
         return result
+
+
+class DeepSetsTagger(nn.Module):
+    """A per-jet tagger of the size CMS runs: each jet's 32 particle-flow candidates, 16 features
+    each (`[n, 16, 32]`, as ParticleNet takes them), through a shared per-candidate network (1x1
+    convolutions 16 -> 64 -> 64), summed over the real candidates (`mask` `[n, 1, 32]`), then
+    64 -> 64 -> 5 and a softmax: the Deep Sets / Energy Flow Network architecture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.candidate = nn.Sequential(
+            nn.Conv1d(16, 64, 1), nn.ReLU(), nn.Conv1d(64, 64, 1), nn.ReLU()
+        )
+        self.jet = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pooled = (self.candidate(features) * mask).sum(2)
+        result: torch.Tensor = torch.softmax(self.jet(pooled), dim=1)
+        return result
+
+
+def build_tagger(seed: int = 0) -> DeepSetsTagger:
+    """The factory `soagen compile` calls for the tagger benchmark. Weights from a fixed seed."""
+    torch.manual_seed(seed)
+    return DeepSetsTagger().eval()

@@ -149,3 +149,50 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
     assert "the target's n = 1e7 did not run" in judged.stdout
     assert 'index range check off (`index_bounds={"edge_index": None}`)' in judged.stdout
     assert "- gnn, binding layer with the index range check" in judged.stdout
+
+
+def test_the_onnx_benchmark_checks_every_path_against_the_floor(tmp_path: Path) -> None:
+    """The tagger benchmark's smoke run: every path runs and equals ONNX Runtime on pre-made
+    tensors before it is timed (the script exits non-zero otherwise)."""
+    pytest.importorskip("onnxruntime")
+    samples = tmp_path / "samples.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_onnx.py",
+            *("--sizes", "1", "70", "--repeats", "1", "--min-sample-ms", "1"),
+            *("--json", str(samples)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    taken = json.loads(samples.read_text())
+    assert set(taken) == {"1", "70"}
+    assert set(taken["70"]) == {
+        "ort pre-made",
+        "gather + ort",
+        "soagen onnxruntime",
+        "soagen onnxruntime in place",
+        "soagen onnxruntime compiled",
+        "soagen eager",
+    }
+    assert "soagen onnxruntime compiled" in result.stdout
+
+
+def test_the_onnx_benchmark_refuses_a_path_that_disagrees() -> None:
+    sys.path.insert(0, str(REPO))
+    bench = importlib.import_module("benchmarks.bench_onnx")
+    floor, block = torch.arange(10.0).reshape(2, 5), torch.zeros(2, 5)
+    readers = {bench.FLOOR: lambda: floor, "right": lambda: block, "wrong": lambda: block}
+    paths = {
+        bench.FLOOR: lambda: None,
+        "right": lambda: block.copy_(floor),
+        "wrong": lambda: block.copy_(floor).add_(1e-3),
+    }
+    with pytest.raises(SystemExit, match="n = 2: wrong disagrees with ort pre-made"):
+        bench.check(paths, readers, 2)
+    del paths["wrong"]
+    bench.check(paths, readers, 2)
