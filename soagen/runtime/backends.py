@@ -67,6 +67,9 @@ class Backend(abc.ABC):
     # Whether the backend reads each input block's storage itself (an ONNX graph adapted to it):
     # a `contiguous` copy would only cost a copy.
     adapts_inputs: typing.ClassVar[bool] = False
+    # Whether the model cannot write into its inputs (ONNX Runtime takes them read-only): the
+    # binding hands it plain views and watches no version counter.
+    reads_inputs_only: typing.ClassVar[bool] = False
 
     def __init__(self, description: str) -> None:
         self.description = description

@@ -467,9 +467,16 @@ class ModelBinding:
             # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
-        # Each view with its own version counter: a write is pinned on the input that took it,
-        # and writes by other threads elsewhere in these buffers do not look like the model's.
-        views = [sources[name]._block_with_own_version(block) for name, block in self._input_blocks]
+        reads_only = self._backend.reads_inputs_only
+        if reads_only:
+            views = [sources[name].block(block) for name, block in self._input_blocks]
+        else:
+            # Each view with its own version counter: a write is pinned on the input that took
+            # it, and writes by other threads elsewhere in these buffers do not look like the
+            # model's.
+            views = [
+                sources[name]._block_with_own_version(block) for name, block in self._input_blocks
+            ]
         if self.index_bounds:
             self._check_index_ranges(sources, views)
         versions = [view._version for view in views]
@@ -491,7 +498,8 @@ class ModelBinding:
                 )
             # The package checks the output blocks' geometry with the inputs' and writes them.
             runner([*arguments, *targets])
-            self._check_versions(views, versions)
+            if not reads_only:
+                self._check_versions(views, versions)
             return list(targets)
         if self._backend.records_autograd:
             # The guard `torch.inference_mode()` enters, without its Python wrapper: 7 against
@@ -510,7 +518,7 @@ class ModelBinding:
         """Check the model's return value and its inputs' version counters, then write each
         output into its block (`targets`), or none of them."""
         results = outputs_in_schema_order(type(self), result)
-        if [view._version for view in views] != versions:
+        if not self._backend.reads_inputs_only and [view._version for view in views] != versions:
             self._check_versions(views, versions)
         if targets is not None:
             from soagen.runtime.buffers import copy_values

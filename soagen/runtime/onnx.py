@@ -167,6 +167,7 @@ class OnnxBackend(Backend):
     records_autograd = False
     writes_outputs = True
     adapts_inputs = True
+    reads_inputs_only = True
 
     def __init__(
         self,

@@ -325,11 +325,17 @@ def adapt(
                 output_nodes.append(helper.make_node("Transpose", [port.name], [source], perm=perm))
             rows = row_outputs(spec.name, storage.rows)
             flat = rows[0] if len(rows) == 1 else f"soagen.{prefix}.rows"
-            output_nodes.append(
-                helper.make_node(
-                    "Reshape", [source, constant(f"{prefix}.flat", [storage.rows, -1])], [flat]
+            extents = [-1 if axis == storage.element_axis else storage.sizes[axis] for axis in perm]
+            if extents == [storage.rows, -1] and source != port.name:
+                output_nodes[-1].output[0] = flat  # the transpose gives the rows already
+            else:
+                output_nodes.append(
+                    helper.make_node(
+                        "Reshape",
+                        [source, constant(f"{prefix}.flat", [storage.rows, -1])],
+                        [flat],
+                    )
                 )
-            )
             if len(rows) > 1:
                 output_nodes.append(
                     helper.make_node(
