@@ -383,7 +383,7 @@ def load(
         if mmap:
             return _map(layout, name, header, file, writable, verify, unsafe_torch_views)
         out = layout.allocate(header.n)
-        data = out.buffer.numpy()
+        data = memoryview(typing.cast(typing.Any, out.buffer.numpy()))
         file.seek(header.data_offset)
         read = file.readinto(data) if header.byte_size else 0
         if read != header.byte_size:
