@@ -550,3 +550,33 @@ def test_refusals_are_soagen_errors_and_value_errors() -> None:
     ):
         assert issubclass(error, CollectionFileError)
         assert issubclass(error, SoaRuntimeError) and issubclass(error, ValueError)
+
+
+def test_the_readme_snippet_runs_and_its_header_table_is_the_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from generated.gnn import Nodes
+    from tests.helpers import REPO
+
+    section = (REPO / "README.md").read_text().split("### Collections on disk", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    nodes = Nodes.allocate(1000, zero=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    namespace: dict[str, object] = {"Nodes": Nodes, "nodes": nodes}
+    exec(compile(snippet.replace('"cuda"', repr(device)), "README.md", "exec"), namespace)
+    assert namespace["nodes"].device.type == device  # type: ignore[attr-defined]
+
+    rows = re.findall(r"^\| (\d+) \| (\d*) ?\| (\w+) \|", section, re.M)
+    codes = files._FIELDS.format[1:] + "I"  # the fixed fields, then header_crc32
+    offset, expected = 0, []
+    for code in re.findall(r"\d*\w", codes):
+        size = struct.calcsize("<" + code)
+        expected.append((str(offset), str(size)))
+        offset += size
+    assert [(start, size) for start, size, _ in rows[:-1]] == expected
+    assert rows[-1][:2] == (str(files.FIXED_HEADER_SIZE), "")
+    assert rows[0][2] == "magic" and rows[-1][2] == "metadata"
