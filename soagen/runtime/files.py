@@ -24,6 +24,9 @@ A mapped buffer starts at the mapping's address plus `data_offset`. A mapping st
 boundary, so a `data_offset` that is a multiple of the alignment places the buffer aligned as long as
 the alignment is at most the page size; larger alignments load with `mmap=False` only.
 
+A mapping reads the file's pages for as long as it lives: `save` replaces a file by a rename, never
+in place, since cutting a mapped file short makes reads of the lost pages kill the process (SIGBUS).
+
 Importing this module imports neither torch nor NumPy.
 """
 
@@ -137,6 +140,10 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
             f"{os.fspath(path)}: {payload.nbytes} bytes given for {layout.NAME} with n={n}, which "
             f"needs {byte_size}"
         )
+    # Generated classes carry their schema's path (SCHEMA), not its text, so no digest of the
+    # text can be stored: the members, spelled out as LAYOUT_KEY digests them, say what the bytes
+    # are instead, and the key is what `load` compares (a schema edit that leaves the layout alone,
+    # a new model or comment, does not make old files unreadable).
     metadata = json.dumps(
         {
             "layout": layout.NAME,
