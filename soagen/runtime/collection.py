@@ -2,7 +2,7 @@
 
 A collection owns (or wraps) one byte buffer laid out exactly as CMSSW's GENERATE_SOA_LAYOUT places n
 elements (see `soagen.dsl.layout`). Every accessor returns a view of that buffer made by one `as_strided`
-call; nothing is copied unless a method says so (`to`, `clone`, `from_columns`).
+call; nothing is copied unless a method says so (`to`, `clone`, `from_columns`, `load(mmap=False)`).
 
 Importing this module imports neither torch nor NumPy: they load when a collection is first created.
 
@@ -25,12 +25,16 @@ view (`buffer`, typed accessors, `member`, `block`, `view`) with `ReadOnlyCollec
 needs torch views of such memory (to feed a model, say) passes `unsafe_torch_views=True` as well and
 takes on the promise not to write through them. `clone()` and `to()` of a read-only collection read it
 and return writable copies.
+
+Files. `save(path)` and `load(path)` write and read self-describing collection files
+(`soagen.runtime.files`); `load(path)` maps the file by default, read-only under the rules above.
 """
 
 from __future__ import annotations
 
 import builtins
 import operator
+import os
 import sys
 import typing
 from collections.abc import Mapping
@@ -159,7 +163,7 @@ def _numpy_dtype(dtype: str) -> numpy.dtype[typing.Any]:
 class Collection:
     """A layout's n elements in one buffer, with zero-copy typed views.
 
-    Create one with `allocate(n)`, `wrap(buffer, n)` or `from_columns(...)`; the constructor is not
+    Create one with `allocate(n)`, `wrap(buffer, n)`, `from_columns(...)` or `load(path)`; the constructor is not
     public. Generated subclasses add the class attributes below and one property per member.
     """
 
@@ -597,6 +601,59 @@ class Collection:
             target = out._build(out._geometry.members[name], axis)
             target.copy_(self._build(view, axis), non_blocking=non_blocking)
         return out
+
+    # Files.
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write these elements to `path` as a self-describing collection file (`soagen.runtime.files`).
+
+        A whole host collection is written straight from its buffer; a slice is first laid out
+        anew for its own size (one copy per member), and a collection on an accelerator is first
+        copied to the host. The file replaces `path` whole, by a rename.
+        """
+        import torch
+
+        from soagen.runtime import files
+
+        whole = (self._start, self._size) == (0, self._capacity)
+        host = self
+        if not whole or self.device.type != "cpu":
+            host = self._copy(torch.device("cpu"), False, False)
+        files.save(type(self), host._size, host._memory.numpy_bytes(), path)
+
+    @classmethod
+    def load(
+        cls: type[_C],
+        path: str | os.PathLike[str],
+        *,
+        mmap: bool = True,
+        device: DeviceLike = "cpu",
+        writable: bool = False,
+        verify: bool = False,
+        unsafe_torch_views: bool = False,
+    ) -> _C:
+        """The collection saved at `path`, refused with a `CollectionFileError` naming the file
+        unless the file holds this layout (same NAME and LAYOUT_KEY), whole and self-consistent.
+
+        `mmap=True`: the buffer is the file's mapping, no copy. It is read-only, as `wrap(...,
+        read_only=True)` makes it: NumPy views only, or torch views too (to feed it to a model as
+        an input) with `unsafe_torch_views=True`, through which nothing may be written: the pages
+        are mapped read-only, and a write kills the process. `writable=True` maps the file for
+        writing instead: writes through the collection reach the file. `mmap=False`: a new
+        buffer on `device`, read from the file (and copied there from the host if not the CPU).
+        `verify=True` checks the buffer's CRC32 against the header's first (reading every byte).
+        """
+        from soagen.runtime import files
+
+        return files.load(
+            cls,
+            path,
+            mmap=mmap,
+            device=device,
+            writable=writable,
+            verify=verify,
+            unsafe_torch_views=unsafe_torch_views,
+        )
 
     # Internals.
 

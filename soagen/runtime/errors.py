@@ -60,6 +60,34 @@ class ReadOnlyCollectionError(SoaRuntimeError, PermissionError):
     """A writable view was asked of a collection that wraps memory read-only."""
 
 
+class CollectionFileError(SoaRuntimeError, ValueError):
+    """A collection file cannot be loaded as the layout asked for; the message names the file."""
+
+
+class NotACollectionFileError(CollectionFileError):
+    """The file does not start with the collection file magic bytes."""
+
+
+class WrongLayoutFileError(CollectionFileError):
+    """The file holds another layout (its name or its LAYOUT_KEY differs)."""
+
+
+class TruncatedFileError(CollectionFileError):
+    """The file holds fewer bytes than its header (or a header) needs."""
+
+
+class CorruptFileError(CollectionFileError):
+    """A checksum in the file does not match the bytes it covers."""
+
+
+class NewerFormatError(CollectionFileError):
+    """The file was written in a newer collection file format version than this soagen reads."""
+
+
+class InconsistentHeaderError(CollectionFileError):
+    """The header disagrees with itself, with its layout or with the file's size."""
+
+
 class UnknownNameError(SoaRuntimeError, KeyError):
     """A member or block name that the layout does not declare."""
 
@@ -70,19 +98,26 @@ class UnknownNameError(SoaRuntimeError, KeyError):
 
 __all__ = [
     "BufferTooSmallError",
+    "CollectionFileError",
     "ColumnError",
+    "CorruptFileError",
     "DeviceError",
     "ElementCountError",
     "GeometryError",
+    "InconsistentHeaderError",
     "InvalidBufferError",
     "MisalignedBufferError",
+    "NewerFormatError",
     "NonContiguousBufferError",
+    "NotACollectionFileError",
     "ReadOnlyBufferError",
     "ReadOnlyCollectionError",
     "SliceRangeError",
     "SoaRuntimeError",
+    "TruncatedFileError",
     "UnknownNameError",
     "UnsupportedBufferError",
+    "WrongLayoutFileError",
 ]
 
 
