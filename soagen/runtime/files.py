@@ -121,13 +121,13 @@ def _fixed_header(
     )
 
 
-def _header_bytes(fields: bytes, metadata: bytes) -> bytes:
+def header_bytes(fields: bytes, metadata: bytes) -> bytes:
     """The fixed fields, their CRC (which covers the metadata too) and the metadata."""
     crc = zlib.crc32(metadata, zlib.crc32(fields))
     return fields + _HEADER_CRC.pack(crc) + metadata
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
@@ -143,7 +143,8 @@ def layout_metadata(layout: type[Collection]) -> dict[str, typing.Any]:
         "layout_key": layout.LAYOUT_KEY,
         "schema": layout.SCHEMA,
         "members": [
-            [member.name, member.kind, member.dtype, list(member.shape)] for member in layout.MEMBERS
+            [member.name, member.kind, member.dtype, list(member.shape)]
+            for member in layout.MEMBERS
         ],
     }
 
@@ -174,7 +175,7 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
         )
     metadata = json.dumps(layout_metadata(layout), separators=(",", ":")).encode()
     alignment = layout.ALIGNMENT
-    data_offset = _round_up(FIXED_HEADER_SIZE + len(metadata), alignment)
+    data_offset = round_up(FIXED_HEADER_SIZE + len(metadata), alignment)
     fields = _fixed_header(
         CHECKSUM_CURRENT,
         alignment,
@@ -184,7 +185,7 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
         data_offset,
         zlib.crc32(payload),
     )
-    header = _header_bytes(fields, metadata)
+    header = header_bytes(fields, metadata)
     write_whole(path, header, bytes(data_offset - len(header)), payload)
 
 
@@ -412,7 +413,7 @@ def load(
         _check_layout(name, header, layout)
         if mmap:
             return _map(layout, name, header, file, writable, verify, unsafe_torch_views)
-        out, data = read_copy(layout, name, file, header.n, header.data_offset)
+        out, data = read_copy(layout, name, file.fileno(), header.n, header.data_offset)
     if verify:
         _check_checksum(name, header, data)
     return out.to(target)
@@ -459,20 +460,24 @@ def check_load_options(
 
 
 def read_copy(
-    layout: type[_C], name: str, file: typing.BinaryIO, n: int, offset: int
+    layout: type[_C], name: str, descriptor: int, n: int, offset: int
 ) -> tuple[_C, memoryview]:
-    """A new host collection of n elements read from `file`'s bytes at `offset`, and its buffer's
-    bytes (to check a CRC over without another copy)."""
+    """A new host collection of n elements read from the file's bytes at `offset` (positioned
+    reads: the descriptor's offset is left alone), and its buffer's bytes (to check a CRC over
+    without another copy)."""
     out = layout.allocate(n)
     data = memoryview(typing.cast(typing.Any, out.buffer.numpy()))
     byte_size = data.nbytes
-    file.seek(offset)
-    read = file.readinto(data) if byte_size else 0
-    if read != byte_size:
-        raise TruncatedFileError(
-            f"{name} is truncated: {read} of its {byte_size} buffer bytes at offset {offset} "
-            f"could be read"
-        )
+    read = 0
+    while read < byte_size:
+        # A single read returns at most about 2 GiB on Linux.
+        got = os.preadv(descriptor, [data[read:]], offset + read)
+        if not got:
+            raise TruncatedFileError(
+                f"{name} is truncated: {read} of its {byte_size} buffer bytes at offset {offset} "
+                f"could be read"
+            )
+        read += got
     return out, data
 
 
@@ -498,7 +503,7 @@ def _map(
             struct.pack_into("<I", fields, _FLAGS_OFFSET, flags & ~CHECKSUM_CURRENT)
             (metadata_length,) = struct.unpack_from("<I", fields, _METADATA_LENGTH_OFFSET)
             metadata = mapping[FIXED_HEADER_SIZE : FIXED_HEADER_SIZE + metadata_length]
-            mapping[:FIXED_HEADER_SIZE] = _header_bytes(bytes(fields), metadata)[:FIXED_HEADER_SIZE]
+            mapping[:FIXED_HEADER_SIZE] = header_bytes(bytes(fields), metadata)[:FIXED_HEADER_SIZE]
         return layout.wrap(
             data,
             header.n,

@@ -143,7 +143,7 @@ def rewrite_header(path: Path, **changes: int) -> None:
     packed = files._FIELDS.pack(*(fields[name] for name in names))
     metadata_end = files.FIXED_HEADER_SIZE + fields["metadata_length"]
     metadata = bytes(data[files.FIXED_HEADER_SIZE : metadata_end])
-    data[: files.FIXED_HEADER_SIZE] = files._header_bytes(packed, metadata)[
+    data[: files.FIXED_HEADER_SIZE] = files.header_bytes(packed, metadata)[
         : files.FIXED_HEADER_SIZE
     ]
     path.write_bytes(bytes(data))
