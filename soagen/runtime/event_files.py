@@ -327,11 +327,6 @@ def _check_record(
         )
 
 
-def _stop_if_closed(path: str, handle: object, what: str) -> None:
-    if handle is None:
-        raise ValueError(f"{path}: the {what} is closed")
-
-
 class EventWriter:
     """Appends events to the event file at `path`, whose events hold one collection of each of
     `layouts`, in that order; a new file if there is none.
@@ -413,8 +408,8 @@ class EventWriter:
         from soagen.runtime.collection import host_bytes
 
         file = self._file
-        _stop_if_closed(self.path, file, "EventWriter")
-        assert file is not None
+        if file is None:
+            raise ValueError(f"{self.path}: the EventWriter is closed")
         given = dict(event or {})
         for key, value in collections.items():
             if key in given:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -371,3 +372,41 @@ def test_a_copy_of_the_file_reads_the_same(soa: ModuleType, tmp_path: Path) -> N
     write(path, soa, events)
     shutil.copy(path, tmp_path / "copy.soae")
     assert_same_events(EventFile(tmp_path / "copy.soae", [soa.Hits, soa.Tracks]), events)
+
+
+def test_the_readme_snippet_runs_and_its_record_table_is_the_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from generated.gnn import Edges, Nodes
+    from tests.helpers import REPO
+
+    section = (REPO / "README.md").read_text().split("#### Event files", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    nodes, edges = Nodes.allocate(100, zero=True), Edges.allocate(300, zero=True)
+    namespace: dict[str, object] = {"Nodes": Nodes, "Edges": Edges, "nodes": nodes}
+    namespace |= {"edges": edges, "torch": torch}
+    exec(compile(snippet, "README.md (Event files)", "exec"), namespace)
+    assert namespace["bounds"].tolist() == [0, 100]  # type: ignore[attr-defined]
+    assert namespace["first_nodes"].size == 100  # type: ignore[attr-defined]
+
+    rows = re.findall(r"^\| ([\w +]+) \| (\d+) \| (\w+) \|", section, re.M)
+    k = 2  # the table's sizes, spelled for any k, checked at k = 2
+    offset, expected = 0, []
+    fields = [("marker", "8s"), ("event_index", "Q"), ("record_size", "Q")]
+    layout_fields = [("n", "Q"), ("byte_size", "Q"), ("data_offset", "Q")]
+    fields += layout_fields * k + [("payload_crc32", "I"), ("header_crc32", "I")]
+    for name, code in fields:
+        expected.append((offset, struct.calcsize("<" + code), name))
+        offset += struct.calcsize("<" + code)
+    assert offset == event_files.record_header_size(k)
+    described = []
+    for start, size, name in rows:
+        for j in range(k if "j" in start else 1):
+            # "24 + 24j": a product of the number and the letter.
+            at = eval(re.sub(r"(\d+)([jk])", r"\1 * \2", start), {"j": j, "k": k})
+            described.append((at, int(size), name))
+    assert sorted(described) == expected

@@ -561,7 +561,7 @@ def test_the_readme_snippet_runs_and_its_header_table_is_the_format(
     from tests.helpers import REPO
 
     section = (REPO / "README.md").read_text().split("### Collections on disk", 1)[1]
-    section = section.split("\n### ", 1)[0]
+    section = section.split("\n### ", 1)[0].split("\n#### Event files", 1)[0]
     snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     nodes = Nodes.allocate(1000, zero=True)
