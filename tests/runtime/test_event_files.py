@@ -215,6 +215,12 @@ def test_a_file_cut_anywhere_in_its_last_event_reads_its_complete_events(
         tail = read.truncated
         assert tail is not None
         assert (tail.offset, tail.event_index, tail.bytes_found) == (last, 2, length - last)
+        header_size = event_files.record_header_size(2)
+        assert tail.reason == (
+            f"its record header needs {header_size} bytes"
+            if length - last < header_size
+            else f"its record header says {len(full) - last} bytes"
+        )
         assert [warning.category for warning in caught] == [IncompleteEventWarning]
         assert f"{cut} is cut short: event 2 at offset {last} is incomplete" in str(
             caught[0].message
