@@ -18,6 +18,7 @@ from soagen.runtime.errors import (
     DeviceError,
     ElementCountError,
     GeometryError,
+    IncompleteEventWarning,
     InconsistentHeaderError,
     IndexRangeError,
     InputModifiedError,
@@ -37,6 +38,15 @@ from soagen.runtime.errors import (
     UnsupportedBufferError,
     WrongLayoutFileError,
 )
+from soagen.runtime.event_files import (
+    EventBatch,
+    EventDataset,
+    EventFile,
+    EventWriter,
+    IncompleteTail,
+    collate_events,
+    concatenate_events,
+)
 from soagen.runtime.model import ModelBinding
 from soagen.runtime.spec import BindingSpec, BlockSpec, MemberSpec, StridedView
 from soagen.runtime.version import check_generated_version
@@ -53,7 +63,13 @@ __all__ = [
     "CorruptFileError",
     "DeviceError",
     "ElementCountError",
+    "EventBatch",
+    "EventDataset",
+    "EventFile",
+    "EventWriter",
     "GeometryError",
+    "IncompleteEventWarning",
+    "IncompleteTail",
     "InconsistentHeaderError",
     "IndexRangeError",
     "InputModifiedError",
@@ -78,6 +94,8 @@ __all__ = [
     "aligned_numpy",
     "aligned_tensor",
     "check_generated_version",
+    "collate_events",
+    "concatenate_events",
     "ensure_cpu_settings",
     "set_cpu_threads",
     "set_malloc_tuning",

@@ -611,15 +611,9 @@ class Collection:
         anew for its own size (one copy per member), and a collection on an accelerator is first
         copied to the host. The file replaces `path` whole, by a rename.
         """
-        import torch
-
         from soagen.runtime import files
 
-        whole = (self._start, self._size) == (0, self._capacity)
-        host = self
-        if not whole or self.device.type != "cpu":
-            host = self._copy(torch.device("cpu"), False, False)
-        files.save(type(self), host._size, host._memory.numpy_bytes(), path)
+        files.save(type(self), self._size, host_bytes(self), path)
 
     @classmethod
     def load(
@@ -711,6 +705,19 @@ class Collection:
             offset=offset * itemsize,
             strides=tuple(stride * itemsize for stride in strides),
         )
+
+
+def host_bytes(collection: Collection) -> NDArray[typing.Any]:
+    """The collection's elements as `byte_size(size)` bytes laid out for `size` elements, in host
+    memory: its buffer itself for a whole host collection; else a copy (per member for a slice).
+    A function, not a method, since generated classes' attributes are names schemas cannot use."""
+    import torch
+
+    whole = (collection._start, collection._size) == (0, collection._capacity)
+    host = collection
+    if not whole or collection.device.type != "cpu":
+        host = collection._copy(torch.device("cpu"), False, False)
+    return host._memory.numpy_bytes()
 
 
 def _column_tensor(layout: str, spec: MemberSpec, value: object) -> torch.Tensor:

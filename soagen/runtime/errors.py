@@ -88,6 +88,11 @@ class InconsistentHeaderError(CollectionFileError):
     """The header disagrees with itself, with its layout or with the file's size."""
 
 
+class IncompleteEventWarning(UserWarning):
+    """An event file ends in an incomplete event (a write cut short): its complete events are read,
+    the incomplete one is not."""
+
+
 class UnknownNameError(SoaRuntimeError, KeyError):
     """A member or block name that the layout does not declare."""
 
@@ -104,6 +109,7 @@ __all__ = [
     "DeviceError",
     "ElementCountError",
     "GeometryError",
+    "IncompleteEventWarning",
     "InconsistentHeaderError",
     "InvalidBufferError",
     "MisalignedBufferError",

@@ -54,6 +54,8 @@ from soagen.runtime.errors import (
 )
 
 if typing.TYPE_CHECKING:
+    import torch
+
     from soagen.runtime.buffers import DeviceLike
     from soagen.runtime.collection import Collection
 
@@ -69,9 +71,12 @@ FIXED_HEADER_SIZE = _FIELDS.size + _HEADER_CRC.size  # 56
 # bytes without updating the checksum, and a verify must not then call the file corrupt.
 CHECKSUM_CURRENT = 1
 _KNOWN_FLAGS = CHECKSUM_CURRENT
-_PREFIX = len(MAGIC) + 4  # magic and format_version: enough to refuse before reading further
 _FLAGS_OFFSET = 12
 _METADATA_LENGTH_OFFSET = 20
+
+
+# (name, kind, dtype, shape) of every member of a layout.
+Members = tuple[tuple[str, str, str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ class FileHeader:
     schema: str
     # (name, kind, dtype, shape) of every member: what LAYOUT_KEY digests, spelled out, so that the
     # file says what its bytes are without the generated class.
-    members: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    members: Members
 
 
 def _fixed_header(
@@ -116,22 +121,50 @@ def _fixed_header(
     )
 
 
-def _header_bytes(fields: bytes, metadata: bytes) -> bytes:
+def header_bytes(fields: bytes, metadata: bytes) -> bytes:
     """The fixed fields, their CRC (which covers the metadata too) and the metadata."""
     crc = zlib.crc32(metadata, zlib.crc32(fields))
     return fields + _HEADER_CRC.pack(crc) + metadata
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def layout_metadata(layout: type[Collection]) -> dict[str, typing.Any]:
+    """What a file says about a layout it holds, as JSON: `layout` (NAME), `layout_key`, `schema`
+    and `members`."""
+    # Generated classes carry their schema's path (SCHEMA), not its text, so no digest of the
+    # text can be stored: the members, spelled out as LAYOUT_KEY digests them, say what the bytes
+    # are instead, and the key is what `load` compares (a schema edit that leaves the layout alone,
+    # a new model or comment, does not make old files unreadable).
+    return {
+        "layout": layout.NAME,
+        "layout_key": layout.LAYOUT_KEY,
+        "schema": layout.SCHEMA,
+        "members": [
+            [member.name, member.kind, member.dtype, list(member.shape)]
+            for member in layout.MEMBERS
+        ],
+    }
+
+
+def parse_layout_metadata(fields: typing.Any) -> tuple[str, str, str, Members]:
+    """`layout_metadata`'s (layout, layout_key, schema, members) read back; a `ValueError`,
+    `KeyError` or `TypeError` where `fields` is not what it writes."""
+    members = tuple(
+        (str(member), str(kind), str(dtype), tuple(int(extent) for extent in shape))
+        for member, kind, dtype, shape in fields["members"]
+    )
+    return str(fields["layout"]), str(fields["layout_key"]), str(fields["schema"]), members
 
 
 def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.PathLike[str]) -> None:
     """Write `data` (the `byte_size(n)` bytes of a compact host buffer of `layout`) to `path`.
 
-    The file is written under a temporary name in the same folder and renamed over `path`: a
-    process that has the old file mapped keeps its pages (truncating a mapped file in place kills
-    its readers with SIGBUS), and a crash leaves no half-written file under the name.
+    The file is written whole and renamed over `path` (`write_whole`): a process that has the old
+    file mapped keeps its pages (truncating a mapped file in place kills its readers with SIGBUS),
+    and a crash leaves no half-written file under the name.
     """
     payload = memoryview(data).cast("B")
     byte_size = layout.byte_size(n)
@@ -140,24 +173,9 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
             f"{os.fspath(path)}: {payload.nbytes} bytes given for {layout.NAME} with n={n}, which "
             f"needs {byte_size}"
         )
-    # Generated classes carry their schema's path (SCHEMA), not its text, so no digest of the
-    # text can be stored: the members, spelled out as LAYOUT_KEY digests them, say what the bytes
-    # are instead, and the key is what `load` compares (a schema edit that leaves the layout alone,
-    # a new model or comment, does not make old files unreadable).
-    metadata = json.dumps(
-        {
-            "layout": layout.NAME,
-            "layout_key": layout.LAYOUT_KEY,
-            "schema": layout.SCHEMA,
-            "members": [
-                [member.name, member.kind, member.dtype, list(member.shape)]
-                for member in layout.MEMBERS
-            ],
-        },
-        separators=(",", ":"),
-    ).encode()
+    metadata = json.dumps(layout_metadata(layout), separators=(",", ":")).encode()
     alignment = layout.ALIGNMENT
-    data_offset = _round_up(FIXED_HEADER_SIZE + len(metadata), alignment)
+    data_offset = round_up(FIXED_HEADER_SIZE + len(metadata), alignment)
     fields = _fixed_header(
         CHECKSUM_CURRENT,
         alignment,
@@ -167,16 +185,21 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
         data_offset,
         zlib.crc32(payload),
     )
-    header = _header_bytes(fields, metadata)
+    header = header_bytes(fields, metadata)
+    write_whole(path, header, bytes(data_offset - len(header)), payload)
+
+
+def write_whole(path: str | os.PathLike[str], *pieces: typing.Any) -> None:
+    """Make `path` a file of the bytes of `pieces`, written under a temporary name in the same
+    folder and renamed over it, so that it never holds only some of them."""
     target = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(target))
     temporary = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as file:
-            file.write(header)
-            file.write(bytes(data_offset - len(header)))
-            file.write(payload)
+            for piece in pieces:
+                file.write(piece)
             file.flush()
             # Before the rename: otherwise a crash may leave the new name over unwritten blocks.
             os.fsync(file.fileno())
@@ -196,34 +219,56 @@ def read_header(path: str | os.PathLike[str]) -> FileHeader:
     return header
 
 
-def _parse_header(name: str, size: int, head: bytes, file: typing.BinaryIO) -> FileHeader:
-    """The header whose first FIXED_HEADER_SIZE bytes (or fewer, in a short file) are `head`;
-    `file` stands just after them, at the metadata."""
-    if head[: len(MAGIC)] != MAGIC[: len(head)]:
+def check_prefix(
+    name: str,
+    size: int,
+    head: bytes,
+    *,
+    magic: bytes,
+    kind: str,
+    format_version: int,
+    header_size: int,
+) -> int:
+    """The format version of the `kind` of file (magic, then a little-endian u32 version) whose
+    first `header_size` bytes, or fewer in a short file of `size` bytes, are `head`: refused
+    unless the magic is `magic`, the version one this soagen reads, and the fixed header whole."""
+    if head[: len(magic)] != magic[: len(head)]:
         raise NotACollectionFileError(
-            f"{name} is not a soagen collection file: it starts with {head[: len(MAGIC)]!r}, not "
-            f"the magic bytes {MAGIC!r}"
+            f"{name} is not a soagen {kind}: it starts with {head[: len(magic)]!r}, not the magic "
+            f"bytes {magic!r}"
         )
-    if len(head) < _PREFIX:
-        raise TruncatedFileError(
-            f"{name} is truncated: it holds {size} bytes, but the header alone needs "
-            f"{FIXED_HEADER_SIZE}"
-        )
-    (version,) = struct.unpack_from("<I", head, len(MAGIC))
-    if version > FORMAT_VERSION:
+    truncated = TruncatedFileError(
+        f"{name} is truncated: it holds {size} bytes, but the header alone needs {header_size}"
+    )
+    if len(head) < len(magic) + 4:
+        raise truncated
+    (version,) = struct.unpack_from("<I", head, len(magic))
+    if version > format_version:
         raise NewerFormatError(
-            f"{name} was written in collection file format version {version}, and this soagen "
-            f"reads versions up to {FORMAT_VERSION}: read it with a newer soagen"
+            f"{name} was written in {kind} format version {version}, and this soagen reads "
+            f"versions up to {format_version}: read it with a newer soagen"
         )
     if version < 1:
         raise InconsistentHeaderError(
             f"{name} declares format version {version}, which never existed"
         )
-    if len(head) < FIXED_HEADER_SIZE:
-        raise TruncatedFileError(
-            f"{name} is truncated: it holds {size} bytes, but the header alone needs "
-            f"{FIXED_HEADER_SIZE}"
-        )
+    if len(head) < header_size:
+        raise truncated
+    return typing.cast(int, version)
+
+
+def _parse_header(name: str, size: int, head: bytes, file: typing.BinaryIO) -> FileHeader:
+    """The header whose first FIXED_HEADER_SIZE bytes (or fewer, in a short file) are `head`;
+    `file` stands just after them, at the metadata."""
+    version = check_prefix(
+        name,
+        size,
+        head,
+        magic=MAGIC,
+        kind="collection file",
+        format_version=FORMAT_VERSION,
+        header_size=FIXED_HEADER_SIZE,
+    )
     (
         _,
         _,
@@ -247,21 +292,9 @@ def _parse_header(name: str, size: int, head: bytes, file: typing.BinaryIO) -> F
             f"{name} is truncated: it holds {FIXED_HEADER_SIZE + len(metadata)} bytes, but its "
             f"header needs {metadata_end}"
         )
-    computed = zlib.crc32(metadata, zlib.crc32(head[: _FIELDS.size]))
-    if computed != header_crc32:
-        raise CorruptFileError(
-            f"{name} is corrupt: its header's CRC32 is {computed:#010x}, but the header says "
-            f"{header_crc32:#010x}"
-        )
+    check_crc(name, "header", header_crc32, head[: _FIELDS.size], metadata)
     try:
-        fields = json.loads(metadata.decode())
-        layout = str(fields["layout"])
-        layout_key = str(fields["layout_key"])
-        schema = str(fields["schema"])
-        members = tuple(
-            (str(member), str(kind), str(dtype), tuple(int(extent) for extent in shape))
-            for member, kind, dtype, shape in fields["members"]
-        )
+        layout, layout_key, schema, members = parse_layout_metadata(json.loads(metadata.decode()))
     except (ValueError, KeyError, TypeError) as error:
         raise InconsistentHeaderError(
             f"{name}: its header's metadata is not what format version {version} writes: {error}"
@@ -338,11 +371,19 @@ def _check_checksum(name: str, header: FileHeader, data: typing.Any) -> None:
             f"{name} was mapped writable after it was saved, so its header holds no checksum of "
             f"its current bytes: load it with verify=False, or save it again to record one"
         )
-    computed = zlib.crc32(data)
-    if computed != header.data_crc32:
+    check_crc(name, "buffer", header.data_crc32, data)
+
+
+def check_crc(subject: str, part: str, expected: int, *pieces: typing.Any) -> None:
+    """Refuse `subject`'s `part`, the bytes of `pieces` one after the other, unless their CRC32
+    is `expected`."""
+    computed = 0
+    for piece in pieces:
+        computed = zlib.crc32(piece, computed)
+    if computed != expected:
         raise CorruptFileError(
-            f"{name} is corrupt: its buffer's CRC32 is {computed:#010x}, but the header says "
-            f"{header.data_crc32:#010x}"
+            f"{subject} is corrupt: its {part}'s CRC32 is {computed:#010x}, but the header says "
+            f"{expected:#010x}"
         )
 
 
@@ -357,9 +398,40 @@ def load(
     unsafe_torch_views: bool,
 ) -> _C:
     """Read or map the collection file at `path` as a `layout` (see `Collection.load`)."""
+    name = os.fspath(path)
+    target = check_load_options(
+        name,
+        (layout,),
+        mmap=mmap,
+        device=device,
+        writable=writable,
+        unsafe_torch_views=unsafe_torch_views,
+    )
+    with open(path, "r+b") if mmap and writable else open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        header = _parse_header(name, size, file.read(FIXED_HEADER_SIZE), file)
+        _check_layout(name, header, layout)
+        if mmap:
+            return _map(layout, name, header, file, writable, verify, unsafe_torch_views)
+        out, data = read_copy(layout, name, file.fileno(), header.n, header.data_offset)
+    if verify:
+        _check_checksum(name, header, data)
+    return out.to(target)
+
+
+def check_load_options(
+    name: str,
+    layouts: typing.Iterable[type[Collection]],
+    *,
+    mmap: bool,
+    device: DeviceLike,
+    writable: bool,
+    unsafe_torch_views: bool,
+) -> torch.device:
+    """The device to load `layouts`' buffers from the file `name` onto, refusing options that do
+    not go together (see `Collection.load`)."""
     from soagen.runtime import buffers
 
-    name = os.fspath(path)
     target = buffers.as_device(device)
     if mmap:
         if target.type != "cpu":
@@ -372,34 +444,41 @@ def load(
                 "unsafe_torch_views=True applies to read-only mappings; writable=True gives torch "
                 "views already"
             )
-        if layout.ALIGNMENT > mmap_module.PAGESIZE:
-            raise MisalignedBufferError(
-                f"{name}: {layout.NAME} needs its buffer aligned to {layout.ALIGNMENT} bytes, but a "
-                f"mapping is only sure to start on a {mmap_module.PAGESIZE}-byte page: load it with "
-                f"mmap=False"
-            )
+        for layout in layouts:
+            if layout.ALIGNMENT > mmap_module.PAGESIZE:
+                raise MisalignedBufferError(
+                    f"{name}: {layout.NAME} needs its buffer aligned to {layout.ALIGNMENT} bytes, "
+                    f"but a mapping is only sure to start on a {mmap_module.PAGESIZE}-byte page: "
+                    f"load it with mmap=False"
+                )
     elif writable or unsafe_torch_views:
         raise ValueError(
             "writable=True and unsafe_torch_views=True apply to mmap=True: with mmap=False the "
             "collection is a writable copy, and writes to it never reach the file"
         )
-    with open(path, "r+b") if mmap and writable else open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        header = _parse_header(name, size, file.read(FIXED_HEADER_SIZE), file)
-        _check_layout(name, header, layout)
-        if mmap:
-            return _map(layout, name, header, file, writable, verify, unsafe_torch_views)
-        out = layout.allocate(header.n)
-        data = memoryview(typing.cast(typing.Any, out.buffer.numpy()))
-        file.seek(header.data_offset)
-        read = file.readinto(data) if header.byte_size else 0
-        if read != header.byte_size:
+    return target
+
+
+def read_copy(
+    layout: type[_C], name: str, descriptor: int, n: int, offset: int
+) -> tuple[_C, memoryview]:
+    """A new host collection of n elements read from the file's bytes at `offset` (positioned
+    reads: the descriptor's offset is left alone), and its buffer's bytes (to check a CRC over
+    without another copy)."""
+    out = layout.allocate(n)
+    data = memoryview(typing.cast(typing.Any, out.buffer.numpy()))
+    byte_size = data.nbytes
+    read = 0
+    while read < byte_size:
+        # A single read returns at most about 2 GiB on Linux.
+        got = os.preadv(descriptor, [data[read:]], offset + read)
+        if not got:
             raise TruncatedFileError(
-                f"{name} is truncated: {read} of its {header.byte_size} buffer bytes could be read"
+                f"{name} is truncated: {read} of its {byte_size} buffer bytes at offset {offset} "
+                f"could be read"
             )
-    if verify:
-        _check_checksum(name, header, data)
-    return out.to(target)
+        read += got
+    return out, data
 
 
 def _map(
@@ -424,7 +503,7 @@ def _map(
             struct.pack_into("<I", fields, _FLAGS_OFFSET, flags & ~CHECKSUM_CURRENT)
             (metadata_length,) = struct.unpack_from("<I", fields, _METADATA_LENGTH_OFFSET)
             metadata = mapping[FIXED_HEADER_SIZE : FIXED_HEADER_SIZE + metadata_length]
-            mapping[:FIXED_HEADER_SIZE] = _header_bytes(bytes(fields), metadata)[:FIXED_HEADER_SIZE]
+            mapping[:FIXED_HEADER_SIZE] = header_bytes(bytes(fields), metadata)[:FIXED_HEADER_SIZE]
         return layout.wrap(
             data,
             header.n,
