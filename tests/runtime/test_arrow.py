@@ -353,3 +353,21 @@ def test_uproot_example_end_to_end(tmp_path: Path) -> None:
     found = torch.from_numpy(ak.to_numpy(ak.flatten(scored["Jet_score"])))
     torch.testing.assert_close(found, expected, rtol=1e-6, atol=1e-6)
     assert ak.num(returned).tolist() == jets["nJet"].tolist()
+
+
+def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's "Collections in the scikit-hep world" snippet, as written, on the example Nodes."""
+    from generated.gnn import Nodes
+    from tests.helpers import REPO
+
+    section = (
+        (REPO / "README.md").read_text().split("### Collections in the scikit-hep world", 1)[1]
+    )
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    nodes = random_filled(Nodes, 1000)
+    namespace: dict[str, object] = {"Nodes": Nodes, "nodes": nodes}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert element_bytes(namespace["nodes"]) == element_bytes(nodes)
+    assert namespace["offsets"].tolist() == [0, 400, 400, 1000]  # type: ignore[attr-defined]
+    assert "covariance_2_1" in namespace["batch"].schema.names  # type: ignore[attr-defined]
