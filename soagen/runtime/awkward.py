@@ -75,11 +75,12 @@ def _check_offsets(layout: str, size: int, offsets: object) -> NDArray[numpy.int
             f"{found.dtype} of shape {list(found.shape)}"
         )
     found = found.astype(np.int64, copy=False)
-    if found[0] != 0 or found[-1] != size or bool(np.any(np.diff(found) < 0)):
+    falling = np.flatnonzero(np.diff(found) < 0)
+    if found[0] != 0 or found[-1] != size or len(falling):
+        where = f", and falls after entry {int(falling[0])}" if len(falling) else ""
         raise ElementCountError(
-            f"offsets must rise from 0 to the {layout}'s size {size} without falling, got "
-            f"{found[0]} ... {found[-1]}"
-            + (" (falling somewhere)" if bool(np.any(np.diff(found) < 0)) else "")
+            f"offsets must rise from 0 to the {layout}'s size {size}, but run from "
+            f"{int(found[0])} to {int(found[-1])}{where}"
         )
     return found
 

@@ -318,7 +318,10 @@ def test_from_awkward_refusals_name_the_field(soa: ModuleType) -> None:
         soa.Jets.from_awkward(ak.zip({"Jet_pt": good["Jet_pt"]}, depth_limit=1), prefix="Jet_")
     with pytest.raises(ColumnError, match=r"no member for field 'Jet_pt'"):
         soa.Jets.from_awkward(events())
-    with pytest.raises(ElementCountError, match="offsets must rise from 0 to"):
+    with pytest.raises(
+        ElementCountError,
+        match=r"offsets must rise from 0 to the Jets.s size 3, but run from 0 to 3, and falls after entry 1",
+    ):
         soa.Jets.allocate(3).to_awkward([0, 2, 1, 3])
 
 
@@ -371,3 +374,17 @@ def test_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert element_bytes(namespace["nodes"]) == element_bytes(nodes)
     assert namespace["offsets"].tolist() == [0, 400, 400, 1000]  # type: ignore[attr-defined]
     assert "covariance_2_1" in namespace["batch"].schema.names  # type: ignore[attr-defined]
+
+
+def test_a_mapped_read_only_collection_exports_its_mapping(soa: ModuleType, tmp_path: Path) -> None:
+    collection = random_filled(soa.AllTypes, 500, seed=9)
+    collection.save(tmp_path / "all.soac")
+    mapped = soa.AllTypes.load(tmp_path / "all.soac")  # read-only: NumPy views only
+    assert mapped.read_only
+    batch = mapped.to_arrow()
+    f32 = mapped.numpy("f32")
+    assert _data_buffer(batch.column("f32")).address == f32.ctypes.data
+    assert element_bytes(soa.AllTypes.from_arrow(batch)) == element_bytes(collection)
+    events = mapped.to_awkward([0, 200, 500])
+    back, _ = soa.AllTypes.from_awkward(events)
+    assert element_bytes(back) == element_bytes(collection)
