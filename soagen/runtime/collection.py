@@ -649,6 +649,76 @@ class Collection:
             unsafe_torch_views=unsafe_torch_views,
         )
 
+    # Arrow, Parquet and awkward: the `data` extra (soagen.runtime.arrow, soagen.runtime.awkward),
+    # which these methods import when called.
+
+    def to_arrow(self, *, arrays: str = "columns") -> typing.Any:
+        """These elements as a `pyarrow.RecordBatch` over the buffer, which the batch keeps alive.
+
+        Columns and packed array members are zero-copy; bool columns are copied (Arrow packs them
+        into bits). A coefficient-major array member `p` is one column per coefficient (`p_0`,
+        `p_1`, ...: zero-copy) with `arrays="columns"`, or one fixed-size-list column `p` (one
+        copy) with `arrays="list"`. Scalars, NAME, LAYOUT_KEY and ALIGNMENT go to the schema
+        metadata. See `soagen.runtime.arrow`.
+        """
+        from soagen.runtime import arrow
+
+        return arrow.to_arrow(self, arrays=arrays)
+
+    @classmethod
+    def from_arrow(
+        cls: type[_C], data: object, *, scalars: Mapping[str, object] | None = None
+    ) -> _C:
+        """A new collection holding a copy of a `pyarrow.RecordBatch` or `Table` (any chunks),
+        refused with a ColumnError naming a missing, unknown, mis-typed or mis-shaped column.
+        Scalars come from `scalars` or the metadata `to_arrow` writes."""
+        from soagen.runtime import arrow
+
+        return arrow.from_arrow(cls, data, scalars=scalars)
+
+    def write_parquet(
+        self, path: str | os.PathLike[str], *, arrays: str = "columns", **options: typing.Any
+    ) -> None:
+        """Write `to_arrow(arrays=arrays)` to a Parquet file (`options`: pyarrow.parquet.write_table's)."""
+        from soagen.runtime import arrow
+
+        arrow.write_parquet(self, path, arrays=arrays, **options)
+
+    @classmethod
+    def read_parquet(
+        cls: type[_C],
+        path: str | os.PathLike[str],
+        *,
+        scalars: Mapping[str, object] | None = None,
+    ) -> _C:
+        """A new collection read from a Parquet file, checked as `from_arrow` checks a table."""
+        from soagen.runtime import arrow
+
+        return arrow.read_parquet(cls, path, scalars=scalars)
+
+    def to_awkward(self, offsets: object) -> typing.Any:
+        """These elements as an `awkward.Array` of one list of records per event, event i owning
+        elements `offsets[i]:offsets[i + 1]`; zero-copy but for coefficient-major array members.
+        See `soagen.runtime.awkward`."""
+        from soagen.runtime import awkward
+
+        return awkward.to_awkward(self, offsets)
+
+    @classmethod
+    def from_awkward(
+        cls: type[_C],
+        array: object,
+        *,
+        prefix: str | None = None,
+        scalars: Mapping[str, object] | None = None,
+    ) -> tuple[_C, NDArray[typing.Any]]:
+        """Every event's elements of a jagged awkward array in one new collection, and the event
+        offsets (NumPy int64). Takes jagged records (`ak.zip({"pt": ..., "eta": ...})`) or records
+        of jagged fields named `prefix + member` (uproot's `Jet_pt` with `prefix="Jet_"`)."""
+        from soagen.runtime import awkward
+
+        return awkward.from_awkward(cls, array, prefix=prefix, scalars=scalars)
+
     # Internals.
 
     def _check_torch_views(self) -> None:

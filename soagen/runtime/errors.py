@@ -150,3 +150,7 @@ class CompiledModelMismatchError(SoaRuntimeError, RuntimeError):
 
 class ModelLoadError(SoaRuntimeError, ValueError):
     """A model file or object cannot serve this binding: unknown kind, or built for another schema."""
+
+
+class MissingPackageError(SoaRuntimeError, ImportError):
+    """An optional package a conversion needs is not installed; the message names the extra."""
