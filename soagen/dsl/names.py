@@ -29,6 +29,8 @@ COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
         "clone",
         "device",
         "element_range",
+        "from_arrow",
+        "from_awkward",
         "from_columns",
         "is_pinned",
         "load",
@@ -38,12 +40,16 @@ COLLECTION_ATTRIBUTES: frozenset[str] = frozenset(
         "numpy",
         "offsets",
         "read_only",
+        "read_parquet",
         "save",
         "size",
         "slice",
         "to",
+        "to_arrow",
+        "to_awkward",
         "view",
         "wrap",
+        "write_parquet",
     }
 )
 
