@@ -200,6 +200,8 @@ class CompileBackend(Backend):
         from torch._dynamo.utils import counters  # imported once: a call reads it twice
 
         _install_general_shapes()
+        # `torch._dynamo.reset()` empties this list in place: each call checks ours is in it.
+        registered = _registered_start_callbacks()
         module = _module_on(self.module, device)
         compiled = torch.compile(module, **self.options)  # type: ignore[call-overload]
         first_call = threading.Lock()
@@ -219,6 +221,8 @@ class CompileBackend(Backend):
                     f"{disagreement} (an earlier call on {device}; later calls there are refused: "
                     f"they would reuse that graph)"
                 )
+            if _start_general_shapes not in registered:
+                _install_general_shapes()
             outermost = not _general_shapes.wanted
             _general_shapes.wanted = True
             try:
@@ -424,8 +428,29 @@ class _GeneralShapes(threading.local):
 
 
 _general_shapes = _GeneralShapes()
-_general_shapes_installed = False
 _general_shapes_lock = threading.Lock()
+
+
+def _registered_start_callbacks() -> Sequence[object]:
+    """Dynamo's list of compile start callbacks (empty where this torch has none)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except (ImportError, AttributeError):
+        return (_start_general_shapes,)  # nothing to register: never look again
+    return callback_handler.start_callbacks
+
+
+def _start_general_shapes(_: object) -> None:
+    """Dynamo's compile start callback: duck shaping off for a compile a soagen call started."""
+    if _general_shapes.wanted and _general_shapes.replaced is None:
+        import torch.fx.experimental._config as fx_config
+
+        _general_shapes.replaced = fx_config.use_duck_shape
+        fx_config.use_duck_shape = False
+
+
+def _end_general_shapes(_: object) -> None:
+    _restore_shapes()
 
 
 def _install_general_shapes() -> None:
@@ -445,26 +470,18 @@ def _install_general_shapes() -> None:
     across threads and runs the callbacks only on the first start and the last end, so the end may
     run in another thread (a lazy backward compile there, say): the outermost soagen call puts the
     setting back too. When another thread's compile is in flight as ours starts, ours traces with
-    Dynamo's defaults: more graphs, nothing wrong. Calls pay a flag set and reset (~0.2 us).
+    Dynamo's defaults: more graphs, nothing wrong. `torch._dynamo.reset()` drops every callback:
+    each call checks that ours are still registered (a list lookup) and registers them again.
     """
-    global _general_shapes_installed
+    try:
+        from torch._dynamo.callback import callback_handler as handler
+    except (ImportError, AttributeError):  # another torch: more graphs, nothing wrong
+        return
     with _general_shapes_lock:
-        if _general_shapes_installed:
-            return
-        _general_shapes_installed = True
-        try:
-            import torch.fx.experimental._config as fx_config
-            from torch._dynamo.callback import callback_handler as handler
-        except (ImportError, AttributeError):  # another torch: more graphs, nothing wrong
-            return
-
-    def start(_: object) -> None:
-        if _general_shapes.wanted and _general_shapes.replaced is None:
-            _general_shapes.replaced = fx_config.use_duck_shape
-            fx_config.use_duck_shape = False
-
-    handler.register_start_callback(start)
-    handler.register_end_callback(lambda _: _restore_shapes())
+        if _start_general_shapes not in handler.start_callbacks:
+            handler.register_start_callback(_start_general_shapes)
+        if _end_general_shapes not in handler.end_callbacks:
+            handler.register_end_callback(_end_general_shapes)
 
 
 def _restore_shapes() -> None:

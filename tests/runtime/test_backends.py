@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -172,7 +173,7 @@ def test_the_first_compile_is_logged_with_the_time_it_took(  # type: ignore[no-u
     assert "torch.compile" not in capsys.readouterr().out  # logged, not printed
 
 
-def test_torch_compile_traces_a_few_graphs_for_all_size_patterns(gnn, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_torch_compile_traces_a_few_graphs_for_all_size_patterns(gnn, request) -> None:  # type: ignore[no-untyped-def]
     # SoA views meet Dynamo's specializations by chance: a pitch equal to n (n a multiple of the
     # alignment over the itemsize), pitches of two layouts equal, one element. Each compiled a graph
     # of its own, up to torch's recompile limit (8), after which calls ran eagerly.
@@ -183,8 +184,10 @@ def test_torch_compile_traces_a_few_graphs_for_all_size_patterns(gnn, monkeypatc
 
     # Torch's compile caches do not key on the shape settings: an entry another test compiled for
     # the same graph with torch's defaults brings its guards along (one graph more, none wrong).
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    request.addfinalizer(stack.close)
 
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 
@@ -358,6 +361,33 @@ def test_a_disagreement_is_never_explained_away_by_running_the_compiled_model_ag
     model = EdgeClassifier(backend)
     with pytest.raises(CompiledModelMismatchError, match="edge_scores"):
         _run(model, gnn)
+
+
+def test_shape_settings_survive_a_dynamo_reset(gnn) -> None:  # type: ignore[no-untyped-def]
+    # torch._dynamo.reset() drops every compile callback, soagen's included: a compile after it
+    # traced with duck shaping on, so every pitch equal to n compiled a graph of its own.
+    import torch.fx.experimental._config as fx_config
+
+    from generated.gnn import EdgeClassifier
+    from soagen.runtime.backends import CompileBackend
+
+    seen: list[bool] = []
+
+    def recorder(graph: torch.fx.GraphModule, example_inputs: object) -> object:
+        seen.append(fx_config.use_duck_shape)
+        return graph.forward
+
+    net, _, _, _, expected = gnn
+    backend = CompileBackend(
+        type("AfterReset", (type(net),), {})(), {"backend": recorder}, binding=EdgeClassifier
+    )
+    backend.module.load_state_dict(net.state_dict())
+    model = EdgeClassifier(backend)
+    torch.testing.assert_close(_run(model, gnn), expected)
+    torch._dynamo.reset()
+    torch.testing.assert_close(_run(model, gnn), expected)  # compiles again, after the reset
+    assert seen == [False, False]
+    assert fx_config.use_duck_shape
 
 
 def test_fallback_to_eager_warns_once_and_runs_eagerly(gnn) -> None:  # type: ignore[no-untyped-def]
