@@ -327,6 +327,15 @@ def _check_record(
         )
 
 
+def _write_at(descriptor: int, offset: int, data: typing.Any) -> int:
+    """Write all of `data` at `offset` (a raw write may take part of it); the offset after it."""
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        written = os.pwrite(descriptor, view, offset)
+        view, offset = view[written:], offset + written
+    return offset
+
+
 class EventWriter:
     """Appends events to the event file at `path`, whose events hold one collection of each of
     `layouts`, in that order; a new file if there is none.
@@ -336,7 +345,9 @@ class EventWriter:
     `repair=True`, which cuts it off with an `IncompleteEventWarning` saying how many bytes went.
     Each event is written whole and handed to the operating system at once (a process that dies
     loses no appended event); `sync_every` events are fsynced together, and `close` fsyncs the
-    rest (an operating system crash loses at most the events since the last fsync). One writer at
+    rest (an operating system crash loses at most the events since the last fsync; with
+    `sync_every > 1` it may also leave those events' bytes zeroed behind intact headers, which
+    only the last record's check at open or `verify=True` catches). One writer at
     a time: a second one is refused (an exclusive `flock`).
     """
 
@@ -359,9 +370,16 @@ class EventWriter:
             header = files.header_bytes(
                 _FILE_FIELDS.pack(MAGIC, FORMAT_VERSION, len(metadata)), metadata
             )
-            # Whole or not at all: a file is never left with half a header.
-            files.write_whole(self.path, header, bytes(_first_record(len(metadata)) - len(header)))
-        file = open(self.path, "r+b")  # noqa: SIM115 - held until close
+            # Whole or not at all: a file is never left with half a header. Never over a file
+            # another writer made meanwhile: that one may hold it open and append to it.
+            files.write_whole(
+                self.path,
+                header,
+                bytes(_first_record(len(metadata)) - len(header)),
+                replace=False,
+            )
+        # Unbuffered: a record that failed part way is cut off with nothing left to flush later.
+        file = open(self.path, "r+b", buffering=0)  # noqa: SIM115 - held until close
         try:
             try:
                 fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -469,14 +487,12 @@ class EventWriter:
             + _CRC.pack(payload_crc32)
         )
         try:
-            file.seek(start)
-            file.write(head + _CRC.pack(zlib.crc32(head)))
+            offset = _write_at(file.fileno(), start, head + _CRC.pack(zlib.crc32(head)))
             for piece in pieces:
-                file.write(piece)
-            file.flush()
+                offset = _write_at(file.fileno(), offset, piece)
         except BaseException:
             # A record that failed part way (a full disk) must not stay for the next to follow.
-            file.truncate(start)
+            os.ftruncate(file.fileno(), start)
             raise
         self._end = end
         self._count += 1

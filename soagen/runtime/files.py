@@ -189,9 +189,10 @@ def save(layout: type[Collection], n: int, data: typing.Any, path: str | os.Path
     write_whole(path, header, bytes(data_offset - len(header)), payload)
 
 
-def write_whole(path: str | os.PathLike[str], *pieces: typing.Any) -> None:
+def write_whole(path: str | os.PathLike[str], *pieces: typing.Any, replace: bool = True) -> None:
     """Make `path` a file of the bytes of `pieces`, written under a temporary name in the same
-    folder and renamed over it, so that it never holds only some of them."""
+    folder and renamed over it, so that it never holds only some of them. `replace=False` leaves
+    a file that is already there (made meanwhile by another process) as it is."""
     target = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(target))
     temporary = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
@@ -203,7 +204,14 @@ def write_whole(path: str | os.PathLike[str], *pieces: typing.Any) -> None:
             file.flush()
             # Before the rename: otherwise a crash may leave the new name over unwritten blocks.
             os.fsync(file.fileno())
-        os.replace(temporary, target)
+        if replace:
+            os.replace(temporary, target)
+        else:
+            try:
+                os.link(temporary, target)  # fails where the name exists, unlike a rename
+            except FileExistsError:
+                pass
+            os.unlink(temporary)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)

@@ -358,9 +358,12 @@ class OnnxBackend(Backend):
             bound = cached.get(key)
             if bound is None:
                 bound = plan(views, targets, stream)
-                if len(cached) >= _PLANS_PER_THREAD:
-                    del cached[next(iter(cached))]
-                cached[key] = bound
+                # Large staged outputs are not held between calls: their scratch is memory, and a
+                # model that large does not notice the binding's cost.
+                if sum(held.nbytes for held in bound.scratch) <= _PLAN_SCRATCH_BYTES:
+                    if len(cached) >= _PLANS_PER_THREAD:
+                        del cached[next(iter(cached))]
+                    cached[key] = bound
             reference = None
             if self._original is not None and bound.check_key not in self._checked:
                 reference = self._reference(
@@ -476,6 +479,8 @@ class OnnxBackend(Backend):
 
 # Bindings kept per thread (oldest dropped first): a loop over a few reused buffers hits them.
 _PLANS_PER_THREAD = 8
+# The most scratch (staged outputs) a kept binding may hold: at most 8 x 1 MiB per thread.
+_PLAN_SCRATCH_BYTES = 1 << 20
 
 
 class _Plan(typing.NamedTuple):

@@ -147,6 +147,55 @@ def test_a_second_writer_appends(soa: ModuleType, tmp_path: Path) -> None:
     assert_same_events(EventFile(path, [soa.Hits, soa.Tracks], verify=True), events)
 
 
+def test_a_writer_that_finds_no_file_never_replaces_one_made_meanwhile(
+    soa: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers creating one file at once: the second to look found no file, the first made
+    it and appends; the second must not rename a new file over it (the first would append to a
+    file no longer under the name)."""
+    path = tmp_path / "events.soae"
+    events = make_events(soa, COUNTS)
+    with EventWriter(path, [soa.Hits, soa.Tracks]) as first:
+        first.append(events[0])
+        monkeypatch.setattr(event_files.os.path, "exists", lambda _: False)
+        with pytest.raises(CollectionFileError, match="open in another EventWriter"):
+            EventWriter(path, [soa.Hits, soa.Tracks])
+        monkeypatch.undo()
+        first.append(events[1])
+    assert_same_events(EventFile(path, [soa.Hits, soa.Tracks], verify=True), events[:2])
+    assert [entry.name for entry in tmp_path.iterdir()] == ["events.soae"]  # no temporary left
+
+
+def test_an_append_that_fails_part_way_leaves_the_file_as_it_was(
+    soa: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk in the middle of a record: the record is cut off, and the writer appends the
+    next event after the last complete one."""
+    path = tmp_path / "events.soae"
+    events = make_events(soa, [(3, 2), (4, 1), (2, 2)])
+    real = os.pwrite
+    calls = {"count": 0}
+
+    def full_disk(descriptor: int, data: Any, offset: int) -> int:
+        calls["count"] += 1
+        if calls["count"] == 2:  # the record's header went out, its payload does not
+            raise OSError(28, "No space left on device")
+        return real(descriptor, data, offset)
+
+    with EventWriter(path, [soa.Hits, soa.Tracks]) as writer:
+        writer.append(events[0])
+        size = path.stat().st_size
+        monkeypatch.setattr(event_files.os, "pwrite", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            writer.append(events[1])
+        monkeypatch.undo()
+        assert path.stat().st_size == size
+        writer.append(events[2])
+    with EventFile(path, [soa.Hits, soa.Tracks], verify=True) as read:
+        assert read.truncated is None
+        assert_same_events(read, [events[0], events[2]])
+
+
 def test_another_layouts_file_is_refused_naming_both(soa: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "events.soae"
     write(path, soa, make_events(soa, COUNTS[:1]))

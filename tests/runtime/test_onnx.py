@@ -353,6 +353,14 @@ def test_calls_on_the_same_blocks_reuse_their_binding(
         worker.start()
         worker.join()
         assert len(made) == 1 and made[0] != threading.get_ident()
+    # Staged outputs over the size limit keep no scratch between calls: each call binds anew.
+    monkeypatch.setattr(soagen_onnx, "_PLAN_SCRATCH_BYTES", 0)
+    model = module.ArrayNet.load(files["array"])
+    model(hits, out=out)
+    made.clear()
+    model(hits, out=out)
+    model(hits, out=out)
+    assert len(made) == 2
 
 
 def test_no_copy_on_the_call_path(modules: dict[int, ModuleType], files: dict[str, Path]) -> None:
