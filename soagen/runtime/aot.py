@@ -343,6 +343,7 @@ class AotBackend(Backend):
 
     kind = "aot"
     records_autograd = False  # the package's C++ runner never builds autograd graphs
+    moves_version_counters = False  # its writes bypass them: `writes_inputs` records them
 
     def __init__(self, path: Path, binding: type[ModelBinding]) -> None:
         metadata = read_metadata(path)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
+import types
 import typing
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from soagen.dsl.dtypes import INTEGER_DTYPES
@@ -39,10 +42,13 @@ if typing.TYPE_CHECKING:
 
     import torch
 
-    from soagen.runtime.backends import Backend, CompiledGraph
+    from soagen.runtime.backends import Backend, CompiledGraph, Runner
     from soagen.runtime.collection import Collection
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
+
+# Call plans one binding keeps: enough for the collections of a few events in flight at once.
+_PLANS_PER_BINDING = 8
 
 # Whether `ensure_cpu_settings` has run: after that it does nothing, and even calling it costs
 # ~15 us once a model has pushed soagen's code out of the caches (n = 1e5, after the MLP).
@@ -53,6 +59,35 @@ def _settle_cpu() -> None:
     global _cpu_settled
     ensure_cpu_settings()
     _cpu_settled = True
+
+
+class _CallPlan:
+    """What a call with these collections needs that no call with them changes: made by the first
+    call, after every check that depends on the collections alone (names, layouts, devices,
+    read-only outputs, `same n as`, outputs over inputs); a collection's buffer, size and device
+    are fixed for its life. Per call there remain the index range checks (values change), the
+    version counters (models run from Python) and the output checks (a model's result can)."""
+
+    __slots__ = ("collections", "index_checks", "runner", "signatures", "targets", "views")
+
+    def __init__(
+        self,
+        collections: tuple[weakref.ref[Collection], ...],
+        runner: Runner,
+        views: list[torch.Tensor] | None,
+        targets: list[torch.Tensor] | None,
+        signatures: list[_Signature],
+        index_checks: tuple[tuple[int, str, str, int], ...],
+    ) -> None:
+        self.collections = collections  # weak: the plan leaves with the first one collected
+        self.runner = runner
+        # The input views, where the backend moves no version counter: plain views, made once
+        # (ONNX Runtime and packages only read them, and never change their metadata).
+        self.views = views
+        self.targets = targets  # the output blocks; None when every output is empty
+        self.signatures = signatures  # each target's (shape, dtype, device)
+        # (input position, its name, the bound input's name, that input's size)
+        self.index_checks = index_checks
 
 
 class ModelBinding:
@@ -127,7 +162,10 @@ class ModelBinding:
         bounds: dict[str, str | None] = dict(declared_index_bounds(type(self).INPUTS))
         bounds.update(self._backend.index_bounds)
         bounds.update(index_bounds or {})
-        self.index_bounds: dict[str, str] = _checked_bounds(type(self), bounds)
+        # Read-only: call plans hold the checks these bounds ask for.
+        self.index_bounds: Mapping[str, str] = types.MappingProxyType(
+            _checked_bounds(type(self), bounds)
+        )
         # Inputs holding indices, checked or not, with the input they index: their values count
         # from the start of that input's whole collection, so a `batch_size` call cannot slice it.
         indexed = {**declared_index_bounds(type(self).INPUTS), **self.index_bounds}
@@ -146,6 +184,17 @@ class ModelBinding:
         self._input_blocks = [(spec.name, spec.block) for spec in type(self).INPUTS]
         self._output_blocks = [(spec.name, spec.block) for spec in type(self).OUTPUTS]
         self._checked_classes: set[tuple[type, ...]] = set()
+        # Call plans by the identities of a call's collections, inputs then outputs, in schema
+        # order (see `_CallPlan`); a plan leaves when one of its collections is collected, so an id
+        # found here is still that collection's. Bindings that run their model elsewhere (remote
+        # ones override `_execute`) make none.
+        self._plans: dict[tuple[int, ...], _CallPlan] = {}
+        self._plans_lock = threading.Lock()
+        self._makes_plans = (
+            type(self)._execute is ModelBinding._execute
+            and type(self)._evaluate is ModelBinding._evaluate
+            and type(self)._run_once is ModelBinding._run_once
+        )
         # A package that writes its outputs must not be handed an output over memory it reads.
         self._shared_members = shared_members(type(self))
         declared = frozenset(spec.name for spec in type(self).INPUTS if spec.contiguous)
@@ -257,6 +306,8 @@ class ModelBinding:
         TorchScript modules and AOTInductor packages loaded there); a later call places it again.
         `torch.compile`'s code stays in torch's own cache. A remote binding closes its connection
         for good. `with Model(...) as model:` closes it at the end of the block."""
+        with self._plans_lock:
+            self._plans.clear()  # they hold the runners
         self._backend.release()
 
     def __enter__(self: _M) -> _M:
@@ -310,8 +361,13 @@ class ModelBinding:
         in a scratch copy of each output collection and written into `outputs` once every slice
         has run, so a failing slice writes nothing.
         """
+        collections = (*inputs.values(), *outputs.values())
+        if stream is None and batch_size is None and not self.protect_inputs:
+            plan = self._plans.get(tuple(map(id, collections)))
+            if plan is not None and (*inputs, *outputs) == self._binding_names:
+                self._run_plan(plan, inputs)
+                return
         cls = type(self)
-        collections = [*inputs.values(), *outputs.values()]
         # Names and layouts depend only on the mapping's keys and the collections' classes:
         # check each combination once (the generated `__call__` always passes the same keys).
         classes = tuple(map(type, collections))
@@ -346,7 +402,12 @@ class ModelBinding:
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
         if stream is None and batch_size is None:
-            self._run_once(inputs, outputs, device)  # the common call, without a context manager
+            # The common call, without a context manager; the next one with these collections
+            # runs its plan, skipping every check above.
+            if self._makes_plans and in_order and not self.protect_inputs:
+                self._run_plan(self._plan(collections, inputs, outputs, device), inputs)
+            else:
+                self._run_once(inputs, outputs, device)
             return
         if batch_size is not None and len(self._whole_inputs) == len(cls.INPUTS):
             raise BindingError(
@@ -389,6 +450,66 @@ class ModelBinding:
             for name, block in self._output_blocks:
                 outputs[name].block(block).copy_(staged[name].block(block))
 
+    def _plan(
+        self,
+        collections: tuple[Collection, ...],
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> _CallPlan:
+        """The call plan for these collections (inputs then outputs, in schema order, all checked
+        by `run`): made once, kept while every one of them lives, at most `_PLANS_PER_BINDING`."""
+        key = tuple(map(id, collections))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        self._check_overlaps(inputs, outputs)
+        targets = None
+        if any(collection.size for collection in outputs.values()):
+            targets = [outputs[name].block(block) for name, block in self._output_blocks]
+        views = None
+        if not self._backend.moves_version_counters:
+            views = [inputs[name].block(block) for name, block in self._input_blocks]
+        checks = tuple(
+            (self._input_position[index_name], index_name, bound_name, inputs[bound_name].size)
+            for index_name, bound_name in self.index_bounds.items()
+        )
+        plans = self._plans
+
+        def forget(_: object) -> None:
+            plans.pop(key, None)
+
+        plan = _CallPlan(
+            collections=tuple(weakref.ref(collection, forget) for collection in collections),
+            runner=self._backend.on(device),
+            views=views,
+            targets=targets,
+            signatures=_signatures(targets),
+            index_checks=checks,
+        )
+        with self._plans_lock:
+            if len(plans) >= _PLANS_PER_BINDING:
+                # The oldest; a collector run may drop plans meanwhile (`forget`).
+                with contextlib.suppress(RuntimeError, StopIteration):
+                    plans.pop(next(iter(plans)), None)
+            plans[key] = plan
+        return plan
+
+    def _run_plan(self, plan: _CallPlan, inputs: Mapping[str, Collection]) -> None:
+        """A call whose checks its plan made: views, index ranges, the model, the write-back."""
+        targets = plan.targets
+        if targets is None:
+            return  # every output empty
+        views = plan.views
+        if views is None:
+            # Fresh views each call, each with its own version counter (see `_evaluate`).
+            views = [
+                inputs[name]._block_with_own_version(block) for name, block in self._input_blocks
+            ]
+        for position, index_name, bound_name, size in plan.index_checks:
+            _check_index_range(type(self), index_name, views[position], bound_name, size)
+        self._run_on_views(views, plan.runner, targets, plan.signatures)
+
     def _run_once(
         self,
         inputs: Mapping[str, Collection],
@@ -413,6 +534,14 @@ class ModelBinding:
     ) -> None:
         """Run the model and write its outputs into `targets`, the output blocks (a remote binding
         runs it on its server instead)."""
+        self._check_overlaps(inputs, outputs)
+        self._evaluate(inputs, device, targets)
+
+    def _check_overlaps(
+        self, inputs: Mapping[str, Collection], outputs: Mapping[str, Collection]
+    ) -> None:
+        """Refuse output blocks over memory the model still reads, for backends that write
+        outputs while they run."""
         if (
             self._backend.writes_outputs
             and not self._backend.outputs_may_overlap_inputs
@@ -432,7 +561,6 @@ class ModelBinding:
                             else "use a package built without --write-outputs"
                         )
                     )
-        self._evaluate(inputs, device, targets)
 
     def _check_index_ranges(
         self,
@@ -459,16 +587,12 @@ class ModelBinding:
         None nothing is checked against blocks or written: `soagen serve` sends them to a client,
         which checks them against its own output blocks. A package built with --write-outputs
         writes into `targets` itself (its argument check covers them) and needs them."""
-        import torch
-
-        cls = type(self)
         sources = inputs
         if self.protect_inputs:
             # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
-        reads_only = self._backend.reads_inputs_only
-        if reads_only:
+        if not self._backend.moves_version_counters:
             views = [sources[name].block(block) for name, block in self._input_blocks]
         else:
             # Each view with its own version counter: a write is pinned on the input that took
@@ -479,8 +603,22 @@ class ModelBinding:
             ]
         if self.index_bounds:
             self._check_index_ranges(sources, views)
-        versions = [view._version for view in views]
-        runner = self._backend.on(device)
+        return self._run_on_views(views, self._backend.on(device), targets)
+
+    def _run_on_views(
+        self,
+        views: Sequence[torch.Tensor],
+        runner: Runner,
+        targets: Sequence[torch.Tensor] | None,
+        signatures: Sequence[_Signature] | None = None,
+    ) -> list[torch.Tensor]:
+        """Run the model on the input views (checked); see `_evaluate`. `signatures`: the
+        targets' (shape, dtype, device), where a call plan holds them."""
+        import torch
+
+        cls = type(self)
+        watched = self._backend.moves_version_counters
+        versions = [view._version for view in views] if watched else []
         arguments = views
         if self.contiguous and not self._backend.adapts_inputs:
             from soagen.runtime.buffers import contiguous_copy
@@ -498,15 +636,17 @@ class ModelBinding:
                 )
             # The package checks the output blocks' geometry with the inputs' and writes them.
             runner([*arguments, *targets])
-            if not reads_only:
+            if watched:
                 self._check_versions(views, versions)
             return list(targets)
         if self._backend.records_autograd:
             # The guard `torch.inference_mode()` enters, without its Python wrapper: 7 against
             # 19 us per call right after a model at n = 1e5, when this code runs out of cache.
             with torch._C._InferenceMode(True):
-                return self._finish(runner(arguments), views, versions, targets)
-        return self._finish(runner(arguments), views, versions, targets)
+                result = runner(arguments)
+        else:
+            result = runner(arguments)
+        return self._finish(result, views, versions, targets, signatures)
 
     def _finish(
         self,
@@ -514,24 +654,22 @@ class ModelBinding:
         views: Sequence[torch.Tensor],
         versions: Sequence[int],
         targets: Sequence[torch.Tensor] | None,
+        signatures: Sequence[_Signature] | None,
     ) -> list[torch.Tensor]:
         """Check the model's return value and its inputs' version counters, then write each
         output into its block (`targets`), or none of them."""
         results = outputs_in_schema_order(type(self), result)
-        if not self._backend.reads_inputs_only and [view._version for view in views] != versions:
+        if versions and [view._version for view in views] != versions:
             self._check_versions(views, versions)
         if targets is not None:
-            from soagen.runtime.buffers import copy_values
-
-            for target, result_tensor in zip(targets, results, strict=True):
-                if (result_tensor.shape, result_tensor.dtype, result_tensor.device) != (
-                    target.shape,
-                    target.dtype,
-                    target.device,
-                ):
+            for result_tensor, signature in zip(
+                results, _signatures(targets) if signatures is None else signatures, strict=True
+            ):
+                if (result_tensor.shape, result_tensor.dtype, result_tensor.device) != signature:
                     _check_outputs(type(self), results, targets)  # raises, naming the output
+            copy = _copy_values or _load_copy_values()
             for target, result_tensor in zip(targets, results, strict=True):
-                copy_values(target, result_tensor)
+                copy(target, result_tensor)
         return results
 
     def _check_versions(self, views: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -561,6 +699,25 @@ class ModelBinding:
                 f"{cls.NAME} wrote into {which}; that collection now holds modified data. "
                 f"Fix the model, or create the binding with protect_inputs=True to run it on copies"
             )
+
+
+_Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
+
+
+def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
+    return [(target.shape, target.dtype, target.device) for target in targets or ()]
+
+
+# `soagen.runtime.buffers.copy_values`, once imported (that module imports torch).
+_copy_values: typing.Callable[[torch.Tensor, torch.Tensor], None] | None = None
+
+
+def _load_copy_values() -> typing.Callable[[torch.Tensor, torch.Tensor], None]:
+    global _copy_values
+    from soagen.runtime.buffers import copy_values
+
+    _copy_values = copy_values
+    return copy_values
 
 
 def _described(collection: object) -> str:

@@ -168,6 +168,7 @@ class OnnxBackend(Backend):
     writes_outputs = True
     adapts_inputs = True
     reads_inputs_only = True
+    moves_version_counters = False
 
     def __init__(
         self,

@@ -1,0 +1,254 @@
+"""Call plans: a repeated call with the same collections skips the checks that depend on them alone,
+and still sees new values, checks index values, version counters and outputs every call."""
+
+from __future__ import annotations
+
+import gc
+import io
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from soagen.runtime.model import IndexRangeError, InputModifiedError, OutputError
+from tests.helpers import generate_package, import_generated
+
+SCHEMA = """
+layout Points {
+    column float32 x, y, z
+    column int64 label
+}
+layout Scores {
+    column float32 a, b
+}
+model Mlp {
+    input points = Points{x, y, z} as [n, c]
+    output scores = Scores{a, b} as [n, c]
+}
+model Neighbours {
+    input points = Points{x, y, z} as [n, c]
+    input neighbour = Points{label} as [n] indexes points
+    output scores = Scores{a, b} as [n, c]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("plans")
+    (root / "plans.soa").write_text(SCHEMA)
+    generate_package(root / "plans.soa", root, "pkg_plans")
+    return import_generated(root, "pkg_plans", "plans")
+
+
+class Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 2)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.layer(points)
+
+
+class Gather(nn.Module):
+    """Each point's score from its neighbour's coordinates."""
+
+    def forward(self, points: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
+        return points[neighbour][:, :2] * 2.0
+
+
+def _points(module, n: int, seed: int = 0):  # type: ignore[no-untyped-def]
+    points = module.Points.allocate(n)
+    generator = torch.Generator().manual_seed(seed)
+    points.block(module.Mlp.binding("points").block).copy_(torch.randn(n, 3, generator=generator))
+    points.label.copy_(torch.arange(n).flip(0))
+    return points
+
+
+def _expected(net: nn.Module, points) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        return net(torch.stack([points.x, points.y, points.z], dim=1))
+
+
+def test_a_repeated_call_runs_its_plan_and_sees_new_values(module) -> None:  # type: ignore[no-untyped-def]
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores = _points(module, 50), module.Scores.allocate(50)
+    model(points, out=scores)
+    assert len(model._plans) == 1
+    points.x.mul_(3.0)  # new values in the same buffer
+    model(points, out=scores)
+    assert len(model._plans) == 1  # the same plan ran
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_a_plan_leaves_with_its_collections_and_keeps_no_buffer_alive(module) -> None:  # type: ignore[no-untyped-def]
+    model = module.Mlp(Linear())
+    points, scores = _points(module, 20), module.Scores.allocate(20)
+    model(points, out=scores)
+    collection = weakref.ref(points)
+    del points
+    gc.collect()
+    assert collection() is None  # the plan held it weakly
+    assert not model._plans  # and left with it, its views with it
+
+
+def test_plans_are_bounded_and_every_call_stays_right(module) -> None:  # type: ignore[no-untyped-def]
+    net = Linear()
+    model = module.Mlp(net)
+    events = [(_points(module, 10 + i, seed=i), module.Scores.allocate(10 + i)) for i in range(12)]
+    for _ in range(2):
+        for points, scores in events:
+            scores.block(module.Mlp.binding("scores").block).zero_()
+            model(points, out=scores)
+            torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+    from soagen.runtime.model import _PLANS_PER_BINDING
+
+    assert len(model._plans) <= _PLANS_PER_BINDING
+
+
+def test_index_values_are_checked_on_every_planned_call(module) -> None:  # type: ignore[no-untyped-def]
+    model = module.Neighbours(Gather())
+    points, scores = _points(module, 30), module.Scores.allocate(30)
+    model(points, out=scores)
+    before = scores.a.clone()
+    points.label[7] = 30  # one past the last point
+    with pytest.raises(IndexRangeError, match=r"outside \[0, 30\)"):
+        model(points, out=scores)
+    assert torch.equal(scores.a, before)  # nothing written
+
+
+def test_a_model_that_writes_its_input_on_a_later_call_is_caught(module) -> None:  # type: ignore[no-untyped-def]
+    class WritesSecondTime(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 2:
+                points.mul_(2.0)
+            return points[:, :2].clone()
+
+    model = module.Mlp(WritesSecondTime())
+    points, scores = _points(module, 16), module.Scores.allocate(16)
+    model(points, out=scores)
+    with pytest.raises(InputModifiedError, match="'points'"):
+        model(points, out=scores)
+
+
+def test_an_output_that_stops_fitting_is_refused_on_a_planned_call(module) -> None:  # type: ignore[no-untyped-def]
+    class ShrinksSecondTime(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return points[: points.shape[0] - (self.calls > 1), :2] + 1.0
+
+    model = module.Mlp(ShrinksSecondTime())
+    points, scores = _points(module, 16), module.Scores.allocate(16)
+    model(points, out=scores)
+    before = scores.a.clone()
+    with pytest.raises(OutputError, match="returned 15 elements"):
+        model(points, out=scores)
+    assert torch.equal(scores.a, before)
+
+
+def test_names_in_another_order_bind_the_right_collections(module) -> None:  # type: ignore[no-untyped-def]
+    model = module.Neighbours(Gather())
+    many, few = _points(module, 20, seed=1), _points(module, 12, seed=2)
+    few.label.copy_(torch.arange(12) + 5)  # indices 5..16: fine for `many`, not for `few`
+    scores = module.Scores.allocate(12)
+    # A plan for the same collections in the other roles (its index check bounded by `few`): a
+    # mapping in the other order lists them in the order of its key.
+    with pytest.raises(IndexRangeError):
+        model.run({"points": few, "neighbour": many}, {"scores": scores})
+    assert len(model._plans) == 1
+    model.run({"neighbour": few, "points": many}, {"scores": scores})
+    expected = many.block(module.Neighbours.binding("points").block)[few.label][:, :2] * 2.0
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), expected)
+
+
+def test_a_plan_made_inside_inference_mode_writes_outside_it(module) -> None:  # type: ignore[no-untyped-def]
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores = _points(module, 8), module.Scores.allocate(8)
+    with torch.inference_mode():
+        model(points, out=scores)
+    points.y.add_(1.0)
+    model(points, out=scores)  # the plan's output views are normal tensors
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_close_drops_the_plans_and_a_later_call_places_the_model_again(module) -> None:  # type: ignore[no-untyped-def]
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores = _points(module, 8), module.Scores.allocate(8)
+    model(points, out=scores)
+    model.close()
+    assert not model._plans and not model._backend.devices
+    model(points, out=scores)
+    assert model._backend.devices
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_threads_share_one_binding_each_with_its_own_collections(module) -> None:  # type: ignore[no-untyped-def]
+    net = Linear()
+    model = module.Mlp(net)
+    failures: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            points, scores = (
+                _points(module, 40 + seed, seed=seed),
+                module.Scores.allocate(40 + seed),
+            )
+            for step in range(30):
+                points.z.add_(float(step))
+                model(points, out=scores)
+                torch.testing.assert_close(
+                    torch.stack([scores.a, scores.b], 1), _expected(net, points)
+                )
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
+def test_an_onnx_plan_reuses_its_input_views_and_sees_new_values(module, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("onnxruntime")
+    net = Linear().eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        net,
+        (torch.randn(4, 3),),
+        buffer,
+        input_names=["points"],
+        output_names=["scores"],
+        dynamic_axes={"points": {0: "n"}, "scores": {0: "n"}},
+        dynamo=False,
+    )
+    path = tmp_path / "linear.onnx"
+    path.write_bytes(buffer.getvalue())
+    model = module.Mlp.load(path)
+    points, scores = _points(module, 24), module.Scores.allocate(24)
+    model(points, out=scores)
+    (plan,) = model._plans.values()
+    assert plan.views is not None  # made once: ONNX Runtime moves no version counter
+    view = plan.views[0]
+    points.x.sub_(1.0)
+    model(points, out=scores)
+    (again,) = model._plans.values()
+    assert again.views is not None and again.views[0] is view
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
