@@ -73,7 +73,7 @@ class _CallPlan:
     def __init__(
         self,
         collections: tuple[weakref.ref[Collection], ...],
-        runner: Runner,
+        runner: Runner | None,
         views: list[torch.Tensor] | None,
         targets: list[torch.Tensor] | None,
         signatures: list[_Signature],
@@ -481,7 +481,8 @@ class ModelBinding:
 
         plan = _CallPlan(
             collections=tuple(weakref.ref(collection, forget) for collection in collections),
-            runner=self._backend.on(device),
+            # Not placed for a call with nothing to compute: it never reaches the model.
+            runner=None if targets is None else self._backend.on(device),
             views=views,
             targets=targets,
             signatures=_signatures(targets),
@@ -497,8 +498,8 @@ class ModelBinding:
 
     def _run_plan(self, plan: _CallPlan, inputs: Mapping[str, Collection]) -> None:
         """A call whose checks its plan made: views, index ranges, the model, the write-back."""
-        targets = plan.targets
-        if targets is None:
+        targets, runner = plan.targets, plan.runner
+        if targets is None or runner is None:
             return  # every output empty
         views = plan.views
         if views is None:
@@ -508,7 +509,7 @@ class ModelBinding:
             ]
         for position, index_name, bound_name, size in plan.index_checks:
             _check_index_range(type(self), index_name, views[position], bound_name, size)
-        self._run_on_views(views, plan.runner, targets, plan.signatures)
+        self._run_on_views(views, runner, targets, plan.signatures)
 
     def _run_once(
         self,
