@@ -68,22 +68,38 @@ class _CallPlan:
     are fixed for its life. Per call there remain the index range checks (values change), the
     version counters (models run from Python) and the output checks (a model's result can)."""
 
-    __slots__ = ("collections", "index_checks", "runner", "signatures", "targets", "views")
+    __slots__ = (
+        "collections",
+        "in_inference_mode",
+        "index_checks",
+        "key",
+        "runner",
+        "signatures",
+        "targets",
+        "views",
+    )
 
     def __init__(
         self,
+        key: tuple[int, ...],
         collections: tuple[weakref.ref[Collection], ...],
         runner: Runner | None,
-        views: list[torch.Tensor] | None,
+        views: list[torch.Tensor],
+        in_inference_mode: bool | None,
         targets: list[torch.Tensor] | None,
         signatures: list[_Signature],
         index_checks: tuple[tuple[int, str, str, int], ...],
     ) -> None:
+        self.key = key
         self.collections = collections  # weak: the plan leaves with the first one collected
         self.runner = runner
-        # The input views, where the backend moves no version counter: plain views, made once
-        # (ONNX Runtime and packages only read them, and never change their metadata).
+        # The input views handed to the model every call. Where the backend moves version
+        # counters (models run by ATen from Python), each has a counter of its own, and any write
+        # through it, its shape changed in place included, moves it and drops the plan.
         self.views = views
+        # Whether those views were made in inference mode (None: plain views, for backends that
+        # move no counters).
+        self.in_inference_mode = in_inference_mode
         self.targets = targets  # the output blocks; None when every output is empty
         self.signatures = signatures  # each target's (shape, dtype, device)
         # (input position, its name, the bound input's name, that input's size)
@@ -459,6 +475,8 @@ class ModelBinding:
     ) -> _CallPlan:
         """The call plan for these collections (inputs then outputs, in schema order, all checked
         by `run`): made once, kept while every one of them lives, at most `_PLANS_PER_BINDING`."""
+        import torch
+
         key = tuple(map(id, collections))
         plan = self._plans.get(key)
         if plan is not None:
@@ -467,8 +485,11 @@ class ModelBinding:
         targets = None
         if any(collection.size for collection in outputs.values()):
             targets = [outputs[name].block(block) for name, block in self._output_blocks]
-        views = None
-        if not self._backend.moves_version_counters:
+        if self._backend.moves_version_counters:
+            views = [
+                inputs[name]._block_with_own_version(block) for name, block in self._input_blocks
+            ]
+        else:
             views = [inputs[name].block(block) for name, block in self._input_blocks]
         checks = tuple(
             (self._input_position[index_name], index_name, bound_name, inputs[bound_name].size)
@@ -480,10 +501,14 @@ class ModelBinding:
             plans.pop(key, None)
 
         plan = _CallPlan(
+            key=key,
             collections=tuple(weakref.ref(collection, forget) for collection in collections),
             # Not placed for a call with nothing to compute: it never reaches the model.
             runner=None if targets is None else self._backend.on(device),
             views=views,
+            in_inference_mode=(
+                torch.is_inference_mode_enabled() if self._backend.moves_version_counters else None
+            ),
             targets=targets,
             signatures=_signatures(targets),
             index_checks=checks,
@@ -501,15 +526,23 @@ class ModelBinding:
         targets, runner = plan.targets, plan.runner
         if targets is None or runner is None:
             return  # every output empty
-        views = plan.views
-        if views is None:
-            # Fresh views each call, each with its own version counter (see `_evaluate`).
+        views, in_inference_mode = plan.views, plan.in_inference_mode
+        if in_inference_mode is not None and in_inference_mode != _inference_mode_enabled():
+            # Views made inside inference mode share their buffer's version counter, and those
+            # made outside it have their own (`Collection._block_with_own_version`): a call in the
+            # other mode gets its own, as a call without a plan would.
             views = [
                 inputs[name]._block_with_own_version(block) for name, block in self._input_blocks
             ]
-        for position, index_name, bound_name, size in plan.index_checks:
-            _check_index_range(type(self), index_name, views[position], bound_name, size)
-        self._run_on_views(views, runner, targets, plan.signatures)
+        try:
+            for position, index_name, bound_name, size in plan.index_checks:
+                _check_index_range(type(self), index_name, views[position], bound_name, size)
+            self._run_on_views(views, runner, targets, plan.signatures)
+        except BaseException:
+            # The views may be what failed: a model that wrote into an input, or changed its
+            # shape in place (which moves its version counter too), has them as it left them.
+            self._plans.pop(plan.key, None)
+            raise
 
     def _run_once(
         self,
@@ -703,6 +736,12 @@ class ModelBinding:
 
 
 _Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
+
+
+def _inference_mode_enabled() -> bool:
+    import torch
+
+    return torch.is_inference_mode_enabled()
 
 
 def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
