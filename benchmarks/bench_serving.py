@@ -14,11 +14,20 @@ present, a third table sends collections that live on the GPU (the server still 
 CPU) and counts what the client copied per request and how much of it went to host memory: zero
 through a CUDA shared-memory region (needs `tritonclient[cuda]`), one copy of each block otherwise.
 
+`--servers` measures something else: one client (one remote binding, called from many threads at
+once, as a job's streams share one) over 1, 2 and 3 servers, side by side. It starts three servers,
+checks that each binding's results equal local execution bit for bit, then times the events per
+second each binding delivers (interleaved repeats, medians), their ratios to one server, and how
+the three-server binding's requests spread over the servers.
+
 Client and server share the machine (2 cores here): remote timings include the server's work and
-its contention with the client, and vary by some 10-20 % from run to run.
+its contention with the client, and vary by some 10-20 % from run to run; with `--servers` the
+servers also compete with one another for the same cores, so the ratios show the client's overhead
+of balancing on such a machine more than what more servers on more machines would give.
 
 Run from the repository root: `python benchmarks/bench_serving.py` (n = 1e3 .. 1e6, ~1-2 minutes),
-or `--quick` (n = 1e3, 1e4) for a smoke run.
+or `--quick` (n = 1e3, 1e4) for a smoke run; `--servers` (n = 1e3 .. 1e5, ~2 minutes, `--quick`:
+n = 1e3).
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -49,6 +59,7 @@ from tests.helpers import serve_gnn_command, serve_ready  # noqa: E402
 
 
 def start_server(folder: Path) -> tuple[subprocess.Popen[str], dict[str, object], str]:
+    folder.mkdir(parents=True, exist_ok=True)
     token_file = folder / "token"
     process = subprocess.Popen(
         serve_gnn_command(token_file),
@@ -203,10 +214,140 @@ def concurrency_table(url: str, token: str, n: int, threads: int, per_thread: in
     return rows
 
 
+def check_results(
+    model: EdgeClassifier,
+    events: Sequence[tuple[Nodes, Edges]],
+    expected: Sequence[torch.Tensor],
+    name: str,
+) -> None:
+    """Each event once through `model`, compared bit for bit with local execution: exits naming
+    the first event that differs (before anything is timed)."""
+    for k, ((nodes, edges), want) in enumerate(zip(events, expected, strict=True)):
+        out = EdgeScores.allocate(edges.size, zero=True)
+        out.score.fill_(float("nan"))
+        model(nodes, edges, out=out)
+        if not torch.equal(out.score, want):
+            raise SystemExit(f"{name}: event {k} ({edges.size} edges) differs from local execution")
+
+
+def stream(model: EdgeClassifier, events: Sequence[tuple[Nodes, Edges]], per_thread: int) -> float:
+    """Events per second: a thread per event, each calling `model` `per_thread` times at once."""
+    outs = [EdgeScores.allocate(edges.size) for _, edges in events]
+    failures: list[BaseException] = []
+
+    def caller(k: int) -> None:
+        try:
+            for _ in range(per_thread):
+                model(*events[k], out=outs[k])
+        except BaseException as error:  # re-raised below
+            failures.append(error)
+
+    workers = [threading.Thread(target=caller, args=(k,)) for k in range(len(events))]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    wall = time.perf_counter() - start
+    if failures:
+        raise failures[0]
+    return len(events) * per_thread / wall
+
+
+def servers_table(
+    urls: Sequence[str],
+    tokens: Sequence[str],
+    sizes: list[int],
+    threads: int,
+    per_thread: int,
+    repeats: int,
+) -> list[str]:
+    """One client over the first 1, 2, ... of the servers: events/s side by side, after checking
+    every binding's results against local execution."""
+    local = EdgeClassifier(build_model())
+    bindings: dict[int, EdgeClassifier] = {}
+    for count in range(1, len(urls) + 1):
+        address: str | list[str] = urls[0] if count == 1 else list(urls[:count])
+        tokens_of = dict(zip(urls[:count], tokens[:count], strict=True))
+        bindings[count] = EdgeClassifier.remote(address, access_token=tokens_of, timeout=60)
+    most = len(urls)
+    widest = bindings[most]
+    assert isinstance(widest, RemoteBinding)
+    rates_head = " | ".join(f"{count} server{'s' if count > 1 else ''} ev/s" for count in bindings)
+    ratios_head = " | ".join(f"{count} / 1" for count in bindings if count > 1)
+    rows = [
+        f"| n edges | threads | events per run | {rates_head} | {ratios_head} "
+        f"| spread over {most} |",
+        "|---|---|---|" + "---|" * (2 * most - 1) + "---|",
+    ]
+    for n in sizes:
+        events = [event(n, 20_000 + k) for k in range(threads)]
+        expected = []
+        for nodes, edges in events:
+            out = EdgeScores.allocate(edges.size, zero=True)
+            local(nodes, edges, out=out)
+            expected.append(out.score.clone())
+        for count, remote in bindings.items():
+            check_results(remote, events, expected, f"{count} server(s), n = {n}")
+        calls = max(2, per_thread if n <= 10_000 else per_thread // 4)
+        before = [c.succeeded for c in widest.servers.values()]
+        rates: dict[int, list[float]] = {count: [] for count in bindings}
+        for _ in range(repeats):  # interleaved: drifts of the machine hit every count alike
+            for count, remote in bindings.items():
+                rates[count].append(stream(remote, events, calls))
+        after = [c.succeeded for c in widest.servers.values()]
+        median = {count: statistics.median(taken) for count, taken in rates.items()}
+        spread = sum(after) - sum(before)
+        shares = "/".join(f"{(b - a) / spread:.0%}" for a, b in zip(before, after, strict=True))
+        rows.append(
+            f"| {n:.0e} | {threads} | {threads * calls} | "
+            + " | ".join(f"{median[count]:.0f}" for count in bindings)
+            + " | "
+            + " | ".join(f"{median[count] / median[1]:.2f}x" for count in bindings if count > 1)
+            + f" | {shares} |"
+        )
+        print(rows[-1], flush=True)
+    for remote in bindings.values():
+        remote.close()
+    return rows
+
+
+def servers_mode(quick: bool) -> None:
+    count = 3
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as folder:
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            started = list(pool.map(lambda k: start_server(Path(folder) / f"s{k}"), range(count)))
+        try:
+            urls = [str(ready["grpc"]) for _, ready, _ in started]
+            print(
+                f"{count} soagen serve ready at {', '.join(urls)} ({os.cpu_count()} cores here)\n",
+                flush=True,
+            )
+            sizes = [1_000] if quick else [1_000, 10_000, 100_000]
+            threads, per_thread, repeats = (6, 4, 2) if quick else (12, 20, 3)
+            rows = servers_table(
+                urls, [token for _, _, token in started], sizes, threads, per_thread, repeats
+            )
+            print("\n" + "\n".join(rows))
+        finally:
+            for process, _, _ in started:
+                os.killpg(process.pid, signal.SIGTERM)
+            for process, _, _ in started:
+                process.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="n = 1e3, 1e4 and few repeats")
+    parser.add_argument(
+        "--servers",
+        action="store_true",
+        help="only the throughput of one client over 1, 2 and 3 servers (starts three)",
+    )
     options = parser.parse_args()
+    if options.servers:
+        servers_mode(options.quick)
+        return
     sizes = [1_000, 10_000] if options.quick else [1_000, 10_000, 100_000, 1_000_000]
     repeats = 5 if options.quick else 30
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as folder:

@@ -196,3 +196,28 @@ def test_the_onnx_benchmark_refuses_a_path_that_disagrees() -> None:
         bench.check(paths, readers, 2)
     del paths["wrong"]
     bench.check(paths, readers, 2)
+
+
+def test_the_serving_benchmark_refuses_a_binding_that_disagrees() -> None:
+    """`bench_serving.py --servers` checks each binding against local execution before timing it
+    (no server here: a local binding of another model stands in for a wrong one)."""
+    sys.path.insert(0, str(REPO))
+    bench = importlib.import_module("benchmarks.bench_serving")
+    from examples.gnn_model import build_model
+    from generated.gnn import EdgeClassifier, EdgeScores
+
+    local = EdgeClassifier(build_model())
+    events = [bench.event(n, n) for n in (1, 50, 300)]
+    expected = []
+    for nodes, edges in events:
+        out = EdgeScores.allocate(edges.size)
+        local(nodes, edges, out=out)
+        expected.append(out.score.clone())
+    bench.check_results(local, events, expected, "local")
+    other = build_model()
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(1e-3)
+    with pytest.raises(SystemExit, match=r"2 server\(s\): event 0 \(1 edges\) differs"):
+        bench.check_results(EdgeClassifier(other), events, expected, "2 server(s)")
+    assert bench.stream(local, events, 2) > 0

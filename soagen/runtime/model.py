@@ -256,29 +256,37 @@ class ModelBinding:
     @classmethod
     def remote(
         cls: type[_M],
-        url: str,
+        url: str | Sequence[str],
         *,
         model_name: str | None = None,
         timeout: float = 10.0,
         retries: int = 2,
         fallback: object | None = None,
         shared_memory: bool | None = None,
-        access_token: str | None = None,
+        access_token: str | Mapping[str, str] | None = None,
+        probe_interval: float = 1.0,
         index_bounds: Mapping[str, str | None] | None = None,
     ) -> _M:
         """The model served by a Triton server at `url` ("host:port" of its gRPC endpoint, such as
         `soagen serve` starts), called exactly as a local one: `model(nodes, edges, out=scores)`.
+        `url` may be a list of such servers (each once): each request goes to the one with the
+        fewest requests outstanding (ties in turn).
 
         `model_name`: the name it is served under (default: this binding's). `timeout`: seconds
         each attempt may take; `retries`: attempts after the first when the server is unreachable
-        or too slow. `fallback`: a local model (anything this class takes, or an instance of it) to
-        run instead when every attempt failed; without one such calls raise
-        `RemoteUnavailableError`. `shared_memory`: send blocks through system shared memory (None:
-        when the server is on a loopback address and accepts it). `access_token`: the server's
-        token for registering shared memory and reading statistics (`soagen serve --token-file`).
-        `index_bounds`: the index checks made here before sending, as for a local model (the
-        schema's `indexes` clauses by default). Outputs are written only
-        after the whole response is checked. Needs `tritonclient[grpc]` (`soagen[serve]`).
+        or too slow (with several servers: rounds over them). A server that fails so is taken out
+        of rotation, the request goes on to the others, and the server is probed for readiness
+        `probe_interval` seconds later (the wait doubling after each failed probe, up to 8 times
+        that), then used again. `fallback`: a local model (anything this class takes, or an
+        instance of it) to run instead when every attempt failed; without one such calls raise
+        `RemoteUnavailableError`, naming each server and what it failed with. `shared_memory`:
+        send blocks through system shared memory (None: to each server on a loopback address that
+        accepts it). `access_token`: the servers' token for registering shared memory and reading
+        statistics (`soagen serve --token-file`), or a mapping of URL to token. `index_bounds`:
+        the index checks made here before sending, as for a local model (the schema's `indexes`
+        clauses by default). Outputs are written only after the whole response of one server is
+        checked; errors a server answers with are raised, not sent elsewhere. Needs
+        `tritonclient[grpc]` (`soagen[serve]`).
         """
         from soagen.serving.client import remote_binding
 
@@ -291,6 +299,7 @@ class ModelBinding:
             fallback=fallback,
             shared_memory=shared_memory,
             access_token=access_token,
+            probe_interval=probe_interval,
             index_bounds=index_bounds,
         )
 

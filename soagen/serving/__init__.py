@@ -2,7 +2,9 @@
 
 - `soagen.serving.server`: `soagen serve` / `serve(...)`, a Triton server (PyTriton) running a
   generated binding on requests from many clients, with dynamic batching of whole events.
-- `soagen.serving.client`: what `Model.remote(url)` returns, a binding whose calls run on the server.
+- `soagen.serving.client`: what `Model.remote(url)` returns, a binding whose calls run on the server
+  (or on several: `soagen.serving.balancing` picks the server of each request and probes those out
+  of rotation).
 - `soagen.serving.shared_memory`: the client's shared-memory regions (system and CUDA), their pool
   and the copies into them.
 - `soagen.serving.wire`: how blocks travel (names, datatypes, storage order), shared by both.

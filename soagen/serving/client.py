@@ -5,12 +5,12 @@ one, typed the same (collections in, `out=` filled, `batch_size=` slices); only 
 the model differs. Per call (per slice with `batch_size`) it sends one request over gRPC holding each
 input block once, in its wire form (`soagen.serving.wire`), and waits for the response.
 
-Tensors. At its first call the client reads the served model's configuration and sends each block
-as the server declares it: in soagen's wire form, storage order with a batch axis of 1 and bfloat16
-as its bits (`soagen serve`, and the Python-backend repositories of `soagen triton` on any
-tritonserver; see `soagen.serving.wire`), or in declared order without a batch axis (the libtorch
-repositories of `soagen triton --backend pytorch`); a tensor missing or of another shape or
-datatype is a `RemoteConfigurationError` before anything is sent.
+Tensors. At its first call to a server the client reads the served model's configuration and sends
+each block as that server declares it: in soagen's wire form, storage order with a batch axis of 1
+and bfloat16 as its bits (`soagen serve`, and the Python-backend repositories of `soagen triton` on
+any tritonserver; see `soagen.serving.wire`), or in declared order without a batch axis (the
+libtorch repositories of `soagen triton --backend pytorch`); a tensor missing or of another shape
+or datatype is a `RemoteConfigurationError` before anything is sent.
 
 Copies. With shared memory (`shared_memory=`, by default when the server is on a loopback address)
 each input block is copied once, from the collection's buffer into a system shared-memory region
@@ -27,27 +27,46 @@ missing, GPU blocks are copied to host memory in that same one copy. `stats.byte
 what the client copies, `stats.bytes_to_host` what of it went from a GPU to host memory.
 
 Shared-memory regions (`soagen.serving.shared_memory`: the regions, their pool and the copies into
-them) are registered once and reused across calls: one per call in flight, grown when a call needs
-more, unregistered and removed by `close()` (or when the object is collected).
+them) are registered once per server and reused across calls: one per call in flight, grown when a
+call needs more, unregistered and removed by `close()` (or when the object is collected).
 PyTriton's server guards registration with its access token (`access_token=`, which `soagen serve`
-writes to `--token-file`); when registration is refused, or the server cannot open the region (it
-runs in another container, say), a client that asked for shared memory by default (`None`) sends
-the blocks in the request instead, and one that asked for it (`True`) raises. A refused CUDA region
-is not an error: that call's blocks go in the request, and later calls use host memory.
+writes to `--token-file`; a mapping of URL to token where servers differ); when registration is
+refused, or the server cannot open the region (it runs in another container, say), a client that
+asked for shared memory by default (`None`) sends that server the blocks in the request instead, and
+one that asked for it (`True`) raises. A refused CUDA region is not an error: that call's blocks go
+in the request, and later calls use host memory.
+
+Several servers. `remote([url, url, ...])` spreads calls over several servers
+(`soagen.serving.balancing`): each attempt goes to the server in rotation with the fewest requests
+outstanding (ties in turn). A server that fails with a transient error is taken out of rotation,
+the call goes on to the next server at once, and a thread probes the server's readiness
+`probe_interval` seconds later (doubling the wait after each failed probe, up to 8 times that)
+until it is back; a server that answers any attempt is back too. `servers` counts, per URL, the
+attempts sent, succeeded, failed, answered with an error and moved elsewhere, the times it was taken
+out, whether it is in rotation and the attempts outstanding; `server_statistics()` adds Triton's
+own statistics of each. Each server reads the model's configuration at its first attempt, so
+servers may serve different forms of it (`soagen serve`, a `soagen triton` repository).
 
 Failures. Each attempt waits at most `timeout` seconds. An unreachable server, a connection lost
-mid-request or a timeout is retried up to `retries` times with a growing pause (50 ms, 100 ms, ...
-at most 1 s); after that the call raises `RemoteUnavailableError` naming the URL, or, with
-`fallback=` (a local model), runs the model locally on the same collections. An error the server
-answers with (the model raised, an index out of range) is raised at once as `RemoteInferenceError`.
+mid-request or a timeout is a transient failure: the call moves on to the other servers in
+rotation; when none is left untried (with one server, at once), it retries up to `retries` rounds
+with a growing pause (50 ms, 100 ms, ... at most 1 s), each over the servers in rotation or, when
+none is, the one that failed longest ago (so one server is tried `1 + retries` times, as it always
+was). After that the call raises `RemoteUnavailableError` naming every URL and what each failed
+with, or, with `fallback=` (a local model), runs the model locally on the same collections. An error a
+server answers with (the model raised, an index out of range: the event's own fault) is raised at
+once as `RemoteInferenceError`, never sent to another server, and leaves the server in rotation.
 Outputs are written only after the whole response is checked (every output present, with the
 declared datatype and exactly the output block's shape), so a failed call leaves the output
-collections as they were, and each call writes its outputs once: from the server's one validated
-response, or from the local fallback.
+collections as they were, and each call writes its outputs once: from one server's one validated
+response, or from the local fallback. A request that got no answer may still run on its server
+later, and write its outputs into its shared-memory region: that region is retired (never handed
+to a call again; unregistered from that server once it is back) and the call takes a fresh one.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import threading
@@ -56,12 +75,13 @@ import typing
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from soagen.dsl.layout import round_up
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError
 from soagen.runtime.model import ModelBinding
+from soagen.serving.balancing import Balancer, Server, ServerCounters
 from soagen.serving.errors import (
     RemoteConfigurationError,
     RemoteInferenceError,
@@ -92,6 +112,7 @@ _M = typing.TypeVar("_M", bound=ModelBinding)
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 _ACCESS_HEADER = "triton-grpc-protocol-triton-access-token"
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
+_PROBE_TIMEOUT_S = 2.0  # at most, for each readiness call of a probe (and `timeout` at most)
 # `package.module.SomeError: message`, as a traceback's last line gives an exception.
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
 
@@ -136,14 +157,15 @@ class RemoteBinding(ModelBinding):
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         model_name: str | None = None,
         timeout: float = 10.0,
         retries: int = 2,
         fallback: object | None = None,
         shared_memory: bool | None = None,
-        access_token: str | None = None,
+        access_token: str | Mapping[str, str] | None = None,
+        probe_interval: float = 1.0,
         index_bounds: Mapping[str, str | None] | None = None,
     ) -> None:
         cls = type(self)
@@ -156,7 +178,9 @@ class RemoteBinding(ModelBinding):
                 )
         elif fallback is not None:
             fallback = local(fallback, index_bounds=index_bounds)
-        self.url = _checked_url(url)
+        self.urls: tuple[str, ...] = _checked_urls(url)
+        # In messages: the one URL, or all of them (`urls` holds them apart).
+        self.url = ", ".join(self.urls)
         self.model_name = cls.NAME if model_name is None else model_name
         if not isinstance(self.model_name, str) or not self.model_name:
             raise RemoteConfigurationError(
@@ -172,92 +196,167 @@ class RemoteBinding(ModelBinding):
             raise RemoteConfigurationError(
                 f"shared_memory must be True, False or None (automatic), got {shared_memory!r}"
             )
-        if access_token is not None and (not isinstance(access_token, str) or not access_token):
-            raise RemoteConfigurationError("access_token must be a non-empty string or None")
+        tokens = _checked_tokens(access_token, self.urls)
+        if (
+            isinstance(probe_interval, bool)
+            or not isinstance(probe_interval, (int, float))
+            or not 0 < probe_interval < float("inf")
+        ):
+            raise RemoteConfigurationError(
+                f"probe_interval must be a positive number of seconds, got {probe_interval!r}"
+            )
         self.timeout = float(timeout)
         self.retries = retries
+        self.probe_interval = float(probe_interval)
         self.fallback: ModelBinding | None = fallback
         self.shared_memory_requested = shared_memory
-        self._use_shared_memory = (
-            shared_memory if shared_memory is not None else _is_loopback(self.url)
-        )
-        self._headers = {_ACCESS_HEADER: access_token} if access_token else None
         # Whether a GPU's data goes through CUDA shared memory: None until the first such call.
         self._cuda_regions: bool | None = None
-        self.cuda_shared_memory_refusal = ""  # why the server refused it, when it did
+        self.cuda_shared_memory_refusal = ""  # why a server refused it, when one did
         # Everything `run` reads is set as for a local binding; the backend stands in for the server.
         super().__init__(_ServerBackend(self.url, self.model_name), index_bounds=index_bounds)
-        self._inputs = wire_tensors(cls.INPUTS)
-        self._outputs = wire_tensors(cls.OUTPUTS)
-        self._configured = False  # the server's tensor layout is read at the first call
-        self._error_output = False  # whether the server answers failed events in ERROR_OUTPUT
-        self._configure_lock = threading.Lock()
+        # The tensors as the schema has them; each server's configuration picks its form.
+        self._wires = _Layout(wire_tensors(cls.INPUTS), wire_tensors(cls.OUTPUTS), False)
         self.stats = RemoteStats()
         self._grpc = _tritonclient()
-        self._client = self._grpc.InferenceServerClient(
-            self.url,
-            channel_args=[
-                # A restarted server is found again within a second, not after gRPC's 2 minutes.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ],
+        servers = [
+            Server(
+                slot=slot,
+                url=address,
+                client=self._grpc.InferenceServerClient(
+                    address,
+                    channel_args=[
+                        # A restarted server is found again within a second, not after gRPC's
+                        # 2 minutes.
+                        ("grpc.initial_reconnect_backoff_ms", 100),
+                        ("grpc.min_reconnect_backoff_ms", 100),
+                        ("grpc.max_reconnect_backoff_ms", 1000),
+                    ],
+                ),
+                headers={_ACCESS_HEADER: token} if token else None,
+                shared_memory=shared_memory if shared_memory is not None else _is_loopback(address),
+            )
+            for slot, (address, token) in enumerate(zip(self.urls, tokens, strict=True))
+        ]
+        probe_timeout = min(self.timeout, _PROBE_TIMEOUT_S)
+        self._balancer = Balancer(
+            servers,
+            probe_interval=self.probe_interval,
+            probe=functools.partial(_probe_ready, self.model_name, probe_timeout),
+            unregister=functools.partial(_unregister_region, probe_timeout),
         )
         self._pool = RegionPool()
         self._closed = False
         self._in_flight = 0  # calls between their start and their return, for close()
         self._idle = threading.Condition()
-        self._finalizer = weakref.finalize(self, _close_quietly, self._client, self._pool)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._balancer, self._pool)
 
     @property
     def uses_shared_memory(self) -> bool:
-        """Whether the next call sends its blocks through shared memory."""
-        return self._use_shared_memory
+        """Whether the next call sends its blocks through shared memory (to at least one of the
+        servers: each accepts or refuses it on its own)."""
+        return any(server.shared_memory for server in self._servers)
 
     @property
     def uses_cuda_shared_memory(self) -> bool | None:
         """Whether calls on a GPU's data send their blocks through CUDA shared memory (else
         through host memory): None before the first such call; False where tritonclient's CUDA
-        utilities do not load, or the server refused a region (`cuda_shared_memory_refusal`)."""
-        return self._cuda_regions if self._use_shared_memory else False
+        utilities do not load, or a server refused a region (`cuda_shared_memory_refusal`)."""
+        return self._cuda_regions if self.uses_shared_memory else False
+
+    @property
+    def servers(self) -> dict[str, ServerCounters]:
+        """What this binding has done with each server, by URL, read without asking any server:
+        attempts sent, succeeded, failed (transient errors), answered with an error, moved on to
+        another server, times taken out of rotation, probes, whether it is in rotation now, and
+        the attempts outstanding now (`soagen.serving.balancing.ServerCounters`)."""
+        return {counters.url: counters for counters in self._balancer.counters()}
+
+    @property
+    def _servers(self) -> tuple[Server, ...]:
+        return self._balancer.servers
+
+    @property
+    def _client(self) -> typing.Any:
+        """The first server's connection (tritonclient's `InferenceServerClient`)."""
+        return self._servers[0].client
 
     def __repr__(self) -> str:
         return f"<{type(self).NAME} on Triton at {self.url} (model {self.model_name!r})>"
 
     def close(self) -> None:
-        """Wait for the calls in flight (from other threads), then unregister and remove the
-        shared-memory regions, close the connection, and close the local fallback (its placed
-        runners). Later calls raise `RemoteConfigurationError`."""
+        """Wait for the calls in flight (from other threads), then stop probing servers,
+        unregister and remove the shared-memory regions, close every connection, and close the
+        local fallback (its placed runners). Later calls raise `RemoteConfigurationError`."""
         with self._idle:
             if self._closed:
                 return
             self._closed = True  # no call starts from here on
-            # Calls in flight keep their region and the connection until they return (each is
+            # Calls in flight keep their region and the connections until they return (each is
             # bounded by its timeout and retries).
             self._idle.wait_for(lambda: self._in_flight == 0)
+        self._balancer.close(timeout=min(self.timeout, _PROBE_TIMEOUT_S) * 2 + 1)
         if self.fallback is not None:
             self.fallback.close()
-        for region in [region for region in self._pool.all if region.registered_in >= 0]:
-            try:
-                region.unregister(self._client, self._headers, min(self.timeout, 2.0))
-            except Exception:  # the server may be gone: its registrations went with it
-                break
+        for server in self._servers:
+            with self._balancer.lock:
+                stale, server.stale = server.stale, []
+            regions = [region for region in self._pool.all if server.slot in region.registered]
+            for region in [*regions, *stale]:
+                try:
+                    region.unregister(server.client, server.headers, min(self.timeout, 2.0))
+                except Exception as error:
+                    if _is_transient(error):
+                        break  # the server is gone: its registrations went with it
+                    # else it forgot this one (it restarted): the others may still be there
         self._finalizer()
 
     def server_statistics(self) -> dict[str, typing.Any]:
         """Triton's statistics of the served model (inference and execution counts, queue and
-        compute times); PyTriton's server wants `access_token` for them."""
+        compute times; PyTriton's server wants `access_token` for them) and, under "servers", this
+        binding's counters of each server (`servers`) with, under "model_stats", that server's
+        own statistics.
+
+        With one URL, Triton's statistics are the top level, as they always were, and a server
+        that does not answer raises `RemoteInferenceError`. With several, the top level holds the
+        model's "name" and the sums of "inference_count" and "execution_count" over the servers
+        that answered; one that did not has its reason under "statistics_error" instead."""
+        servers: dict[str, dict[str, typing.Any]] = {}
+        answered: list[dict[str, typing.Any]] = []
+        single = len(self._servers) == 1
+        for server, counters in zip(self._servers, self._balancer.counters(), strict=True):
+            entry: dict[str, typing.Any] = {
+                key: value for key, value in asdict(counters).items() if key != "url"
+            }
+            try:
+                entry["model_stats"] = self._model_statistics(server)
+                answered.append(entry["model_stats"])
+            except RemoteInferenceError as error:
+                if single:
+                    raise
+                entry["statistics_error"] = str(error)
+            servers[server.url] = entry
+        if single:
+            return {**answered[0], "servers": servers}
+        return {
+            "name": self.model_name,
+            "inference_count": sum(int(stats.get("inference_count", 0)) for stats in answered),
+            "execution_count": sum(int(stats.get("execution_count", 0)) for stats in answered),
+            "servers": servers,
+        }
+
+    def _model_statistics(self, server: Server) -> dict[str, typing.Any]:
         try:
-            answer = self._client.get_inference_statistics(
-                self.model_name, headers=self._headers, as_json=True, client_timeout=self.timeout
+            answer = server.client.get_inference_statistics(
+                self.model_name, headers=server.headers, as_json=True, client_timeout=self.timeout
             )
         except self._grpc_error() as error:
             raise RemoteInferenceError(
-                f"{self.url}: statistics of {self.model_name!r}: {_message(error)}"
+                f"{server.url}: statistics of {self.model_name!r}: {_message(error)}"
             ) from None
         stats: list[dict[str, typing.Any]] = answer.get("model_stats", [])
         if not stats:
-            raise RemoteInferenceError(f"{self.url} has no statistics for {self.model_name!r}")
+            raise RemoteInferenceError(f"{server.url} has no statistics for {self.model_name!r}")
         return stats[0]
 
     # The step that differs from a local binding.
@@ -318,89 +417,207 @@ class RemoteBinding(ModelBinding):
         targets: Sequence[torch.Tensor],
         device: torch.device,
     ) -> Iterator[list[torch.Tensor]]:
-        """The server's outputs, checked against the output blocks, as tensors in declared order
+        """One server's outputs, checked against the output blocks, as tensors in declared order
         (views of the shared-memory region or of the response, valid inside the block)."""
-        cls = type(self)
-        if not self._configured:
-            self._configure()
-        sources = [
-            _wire_source(inputs[spec.name], spec.block, wire)
-            for spec, wire in zip(cls.INPUTS, self._inputs, strict=True)
-        ]
-        region: Region | None = None
+        call = _Call(type(self), inputs, targets, device)
         try:
-            if self._use_shared_memory:
-                size = sum(
-                    round_up(block_nbytes(source.shape, wire), ALIGN)
-                    for source, wire in zip(sources, self._inputs, strict=True)
-                )
-                size += sum(
-                    round_up(block_nbytes(target.shape, wire), ALIGN)
-                    for target, wire in zip(targets, self._outputs, strict=True)
-                )
-                region = self._take_region(size, device)
-            response, request = self._send(sources, targets, region)
-            yield self._read(response, targets, request)
+            server, response, request = self._send(call)
+            try:
+                results = self._read(server, response, targets, request)
+            except BaseException:
+                self._balancer.answered(server, accepted=False)
+                raise
+            self._balancer.answered(server, accepted=True)
+            yield results
         finally:
-            if region is not None:
-                try:
-                    region.settle()
-                finally:
-                    if region.device is not None and not self._cuda_regions:
-                        # CUDA regions are off (refused, or one could not be made): free this
-                        # one's GPU memory, and the free ones', registered or not.
-                        self._pool.drop(region)
-                        for unused in [region, *self._pool.drop_free_on_gpus()]:
-                            self._unregister(unused)
-                            unused.destroy()
-                    else:
-                        self._pool.give_back(region)
+            if call.region is not None:
+                self._release(call.region)
 
-    def _configure(self) -> None:
-        """Read the served model's configuration once: each binding's tensor in storage order
-        (`soagen serve`, `soagen triton`'s Python backend) or in declared order (its PyTorch
-        backend), with a batch axis (`max_batch_size` > 0) or without."""
-        with self._configure_lock:
-            if self._configured:
-                return
-            cls = type(self)
-            grpc_error = self._grpc_error()
-            last: Exception | None = None
-            for _ in self._attempts():
+    def _send(self, call: _Call) -> tuple[Server, typing.Any, _Request]:
+        """Send the call's request to one server after another until one answers: the server, its
+        response and the request it answers.
+
+        Each round tries the servers in rotation, least loaded first; a transient failure takes
+        the server out of rotation and the call moves on at once. When no server is in rotation,
+        a round tries the one out of rotation that failed longest ago. After a round without an
+        answer, up to `retries` more follow, each after a growing pause (50 ms, 100 ms, ... at most
+        1 s): with one server, the attempts it always made. An error a server answers with is
+        raised at once, from that server."""
+        grpc_error = self._grpc_error()
+        failures: dict[int, str] = {}  # what each server failed with in this call
+        attempts = 0
+        start = time.monotonic()
+        left: Server | None = None  # the server the call failed on last
+        for round_number in range(1 + self.retries):
+            if round_number:
+                pause = _FIRST_PAUSE_S * 2 ** (round_number - 1)
+                time.sleep(min(_LONGEST_PAUSE_S, pause))
+                self.stats.add(retries=1)
+            tried: set[int] = set()
+            while (server := self._balancer.pick(tried, first=not tried)) is not None:
+                tried.add(server.slot)
+                if left is not None and left is not server:
+                    self._balancer.moved_on(left)
+                left = None
+                attempts += 1
                 try:
-                    answer = self._client.get_model_config(
-                        self.model_name, as_json=True, client_timeout=self.timeout
-                    )
-                    break
+                    response, request = self._attempt(server, call)
                 except grpc_error as error:
                     if not _is_transient(error):
-                        raise RemoteConfigurationError(
-                            f"{cls.NAME}: the server at {self.url} does not serve "
-                            f"{self.model_name!r}: {_message(error)}"
-                        ) from None
-                    last = error
-            else:
-                raise self._unavailable("", last)
+                        self._balancer.answered(server, accepted=False)
+                        raise self._answered_error(server, error) from None
+                    failures[server.slot] = _message(error)
+                    self._balancer.failed(server, failures[server.slot])
+                    if call.region_sent:
+                        # The server may still write this request's outputs into the region
+                        # (a deadline passed, not the request): no later request reads it.
+                        self._retire(call)
+                    left = server
+                    continue
+                except BaseException:
+                    self._balancer.abandoned(server)
+                    raise
+                return server, response, request
+        raise self._unavailable(attempts, time.monotonic() - start, failures)
+
+    def _attempt(self, server: Server, call: _Call) -> tuple[typing.Any, _Request]:
+        """One attempt on one server: its configuration read (at the first), the region registered
+        with it, the request built (once per form: bytes in the request, or a region) and sent."""
+        layout = self._configure(server)
+        registered_again = False
+        while True:
+            region = self._region_for(server, call, layout) if server.shared_memory else None
+            request = call.request(layout, region)
+            if request is None:
+                request = self._request(call.sources(layout), call.targets, region, layout)
+                call.keep(request)
+            self.stats.add(attempts=1)
+            call.region_sent = call.region_sent or region is not None
+            try:
+                response = server.client.infer(
+                    self.model_name,
+                    request.inputs,
+                    outputs=request.outputs,
+                    client_timeout=self.timeout,
+                )
+            except self._grpc_error() as error:
+                if (
+                    region is not None
+                    and not registered_again
+                    and not _is_transient(error)
+                    and "shared memory region" in _message(error)
+                ):
+                    # The server forgot the region (it restarted between calls): register again.
+                    registered_again = True
+                    with self._balancer.lock:
+                        server.generation += 1
+                    self.stats.add(retries=1)
+                    continue
+                raise
+            return response, request
+
+    def _answered_error(self, server: Server, error: Exception) -> Exception:
+        cls = type(self)
+        text = _message(error)
+        if "to hold the results" in text:
+            return RemoteResponseError(
+                f"{cls.NAME} on {server.url}: an output of the model does not fit its output "
+                f"block ({text}); nothing was written"
+            )
+        return RemoteInferenceError(
+            f"{cls.NAME} on {server.url} (model {self.model_name!r}) failed: {text}; nothing was "
+            f"written"
+        )
+
+    def _unavailable(
+        self, attempts: int, took: float, failures: Mapping[int, str]
+    ) -> RemoteUnavailableError:
+        name = type(self).NAME
+        plural = "s" if attempts != 1 else ""
+        each = f"attempt{plural} in {took:.1f} s, timeout {self.timeout:g} s each"
+        hint = "" if self.fallback is not None else "; pass fallback= to run locally instead"
+        servers = self._servers
+        if len(servers) == 1:
+            last = failures.get(0) or servers[0].last_error or "no attempt made"
+            return RemoteUnavailableError(
+                f"{name}: the Triton server at {self.url} did not answer ({attempts} {each}): "
+                f"{last}; nothing was written{hint}"
+            )
+        reasons = "; ".join(
+            f"{server.url}: "
+            + (
+                failures[server.slot]
+                if server.slot in failures
+                else f"out of rotation ({server.last_error or 'not tried'})"
+            )
+            for server in servers
+        )
+        return RemoteUnavailableError(
+            f"{name}: none of its {len(servers)} Triton servers answered ({attempts} {each}): "
+            f"{reasons}; nothing was written{hint}"
+        )
+
+    def _configure(self, server: Server) -> _Layout:
+        """Read the served model's configuration from `server` once: each binding's tensor in
+        storage order (`soagen serve`, `soagen triton`'s Python backend) or in declared order (its
+        PyTorch backend), with a batch axis (`max_batch_size` > 0) or without. A transient error
+        is raised as it is (the attempt failed); any other means the server does not serve it."""
+        layout: _Layout | None = server.configuration
+        if layout is not None:
+            return layout
+        with server.configure_lock:
+            if server.configuration is not None:
+                return typing.cast(_Layout, server.configuration)
+            cls = type(self)
+            try:
+                answer = server.client.get_model_config(
+                    self.model_name, as_json=True, client_timeout=self.timeout
+                )
+            except self._grpc_error() as error:
+                if _is_transient(error):
+                    raise
+                raise RemoteConfigurationError(
+                    f"{cls.NAME}: the server at {server.url} does not serve "
+                    f"{self.model_name!r}: {_message(error)}"
+                ) from None
             config = answer.get("config", {})
             batched = int(config.get("max_batch_size", 0) or 0) > 0
             served = {
                 str(entry.get("name")): entry
                 for entry in (*config.get("input", []), *config.get("output", []))
             }
-            self._inputs = tuple(
-                _served(cls.NAME, self.url, w, served, batched) for w in self._inputs
+            layout = _Layout(
+                tuple(
+                    _served(cls.NAME, server.url, w, served, batched) for w in self._wires.inputs
+                ),
+                tuple(
+                    _served(cls.NAME, server.url, w, served, batched) for w in self._wires.outputs
+                ),
+                any(entry.get("name") == ERROR_OUTPUT for entry in config.get("output", [])),
             )
-            self._outputs = tuple(
-                _served(cls.NAME, self.url, w, served, batched) for w in self._outputs
+            server.configuration = layout
+            return layout
+
+    def _region_for(self, server: Server, call: _Call, layout: _Layout) -> Region | None:
+        """The call's region (taken at its first attempt that uses one), registered with
+        `server`; None where the server refused it (its blocks then go in the request)."""
+        if call.region is None:
+            size = sum(
+                round_up(block_nbytes(source.shape, wire), ALIGN)
+                for source, wire in zip(call.sources(layout), layout.inputs, strict=True)
             )
-            self._error_output = any(
-                entry.get("name") == ERROR_OUTPUT for entry in config.get("output", [])
+            size += sum(
+                round_up(block_nbytes(target.shape, wire), ALIGN)
+                for target, wire in zip(call.targets, layout.outputs, strict=True)
             )
-            self._configured = True
+            call.region = self._take_region(size, call.device)
+        if not self._register(server, call.region):
+            return None
+        return call.region
 
     def _take_region(self, size: int, device: torch.device) -> Region:
         """A region for a call on `device`'s data: on that GPU when the client can make CUDA
-        regions and the server has not refused them, else in host memory."""
+        regions and no server has refused them, else in host memory."""
         if device.type == "cuda" and self._cuda_regions is None:
             self._cuda_regions = cuda_shared_memory() is not None
         on_gpu = device.type == "cuda" and bool(self._cuda_regions)
@@ -416,101 +633,66 @@ class RemoteBinding(ModelBinding):
             )
             region, replaced = self._pool.take(max(size, 1), None)
         if replaced is not None:
-            self._unregister(replaced)
-            replaced.destroy()
+            self._discard(replaced)
         return region
 
-    def _unregister(self, region: Region) -> None:
-        if region.registered_in < 0:
-            return
+    def _release(self, region: Region) -> None:
+        """The call's region back to the pool for the next call (or freed, where CUDA regions are
+        off now)."""
         try:
-            region.unregister(self._client, self._headers, self.timeout)
-        except Exception:
-            pass  # a server that lost it has nothing to unregister
-        region.registered_in = -1
+            region.settle()
+        finally:
+            if region.device is not None and not self._cuda_regions:
+                # CUDA regions are off (refused, or one could not be made): free this one's GPU
+                # memory, and the free ones', registered or not.
+                self._pool.drop(region)
+                for unused in [region, *self._pool.drop_free_on_gpus()]:
+                    self._discard(unused)
+            else:
+                self._pool.give_back(region)
 
-    def _send(
-        self,
-        sources: list[Source],
-        targets: Sequence[torch.Tensor],
-        region: Region | None,
-    ) -> tuple[typing.Any, _Request]:
-        """Send the request, retrying what is transient; the response and the request it answers."""
-        cls = type(self)
-        grpc_error = self._grpc_error()
-        request: _Request | None = None
-        last: Exception | None = None
-        start = time.monotonic()
-        attempts = 1 + self.retries
-        for attempt in self._attempts():
-            try:
-                if region is not None and not self._register(region):
-                    region = None  # refused: the blocks go in the request from now on
-                    request = None
-                if request is None:
-                    request = self._request(sources, targets, region)
-                self.stats.add(attempts=1)
-                response = self._client.infer(
-                    self.model_name,
-                    request.inputs,
-                    outputs=request.outputs,
-                    client_timeout=self.timeout,
-                )
-                return response, request
-            except grpc_error as error:
-                text = _message(error)
-                if _is_transient(error):
-                    last = error
-                    self._pool.forget_registrations()
-                    continue
-                if region is not None and "shared memory region" in text and attempt + 1 < attempts:
-                    last = error  # the server forgot the region (it restarted): register again
-                    self._pool.forget_registrations()
-                    continue
-                if "to hold the results" in text:
-                    raise RemoteResponseError(
-                        f"{cls.NAME} on {self.url}: an output of the model does not fit its output "
-                        f"block ({text}); nothing was written"
-                    ) from None
-                raise RemoteInferenceError(
-                    f"{cls.NAME} on {self.url} (model {self.model_name!r}) failed: {text}; "
-                    f"nothing was written"
-                ) from None
-        raise self._unavailable(f" in {time.monotonic() - start:.1f} s", last)
+    def _retire(self, call: _Call) -> None:
+        """The call's region, which a request that got no answer used, is never used again; the
+        call takes a fresh one if it sends through shared memory again."""
+        region = call.region
+        assert region is not None
+        call.region = None
+        call.region_sent = False
+        call.forget(region)
+        self._pool.drop(region)
+        self._discard(region)
 
-    def _attempts(self) -> Iterator[int]:
-        """Attempt numbers, 0 to `retries`; each after the first follows a growing pause and
-        counts as a retry."""
-        for attempt in range(1 + self.retries):
-            if attempt:
-                time.sleep(min(_LONGEST_PAUSE_S, _FIRST_PAUSE_S * 2 ** (attempt - 1)))
-                self.stats.add(retries=1)
-            yield attempt
+    def _discard(self, region: Region) -> None:
+        """Unregister a region no call will use from the servers it is registered with (those
+        out of rotation: once they are back), and free it."""
+        for slot in list(region.registered):
+            server = self._servers[slot]
+            if server.healthy:
+                try:
+                    region.unregister(server.client, server.headers, min(self.timeout, 2.0))
+                except Exception:
+                    pass  # a server that lost it has nothing to unregister
+            else:
+                self._balancer.retire(server, region)
+        region.registered.clear()
+        region.destroy()
 
-    def _unavailable(self, took: str, last: Exception | None) -> RemoteUnavailableError:
-        attempts = 1 + self.retries
-        return RemoteUnavailableError(
-            f"{type(self).NAME}: the Triton server at {self.url} did not answer ({attempts} "
-            f"attempt{'s' if attempts > 1 else ''}{took}, timeout {self.timeout:g} s each): "
-            f"{_message(last) if last is not None else 'no attempt made'}; nothing was written"
-            + ("" if self.fallback is not None else "; pass fallback= to run locally instead")
-        )
-
-    def _register(self, region: Region) -> bool:
+    def _register(self, server: Server, region: Region) -> bool:
         """Register the region with the server (once per server lifetime); False if the server
         refuses shared memory and this client may send blocks in requests instead."""
-        generation = self._pool.generation
-        if region.registered_in == generation:
+        generation = server.generation
+        if region.registered.get(server.slot) == generation:
             return True
         grpc_error = self._grpc_error()
         try:
-            if region.registered_in >= 0:  # it may still be registered: a name is taken once
+            if server.slot in region.registered:  # it may still be registered: a name is taken once
                 try:
-                    region.unregister(self._client, self._headers, self.timeout)
+                    region.unregister(server.client, server.headers, self.timeout)
                 except grpc_error as error:
                     if _is_transient(error):
                         raise
-            region.register(self._client, self._headers, self.timeout)
+                del region.registered[server.slot]
+            region.register(server.client, server.headers, self.timeout)
         except grpc_error as error:
             text = _message(error)
             if _is_transient(error):
@@ -518,7 +700,7 @@ class RemoteBinding(ModelBinding):
             if region.device is not None:
                 # A server without GPU support, or on another host: host memory from now on.
                 self._cuda_regions = False
-                self.cuda_shared_memory_refusal = text
+                self.cuda_shared_memory_refusal = f"{server.url}: {text}"
                 return False
             if self.shared_memory_requested:
                 hint = (
@@ -527,16 +709,20 @@ class RemoteBinding(ModelBinding):
                     else "is the server on this host, in the same IPC namespace?"
                 )
                 raise RemoteConfigurationError(
-                    f"{type(self).NAME}: the server at {self.url} refused shared memory ({hint}): "
-                    f"{text}"
+                    f"{type(self).NAME}: the server at {server.url} refused shared memory "
+                    f"({hint}): {text}"
                 ) from None
-            self._use_shared_memory = False
+            server.shared_memory = False
             return False
-        region.registered_in = generation
+        region.registered[server.slot] = generation
         return True
 
     def _request(
-        self, sources: list[Source], targets: Sequence[torch.Tensor], region: Region | None
+        self,
+        sources: list[Source],
+        targets: Sequence[torch.Tensor],
+        region: Region | None,
+        layout: _Layout,
     ) -> _Request:
         """The request's inputs (each block copied once: into the region, or into its bytes) and
         requested outputs (into the region, after the inputs)."""
@@ -544,9 +730,9 @@ class RemoteBinding(ModelBinding):
 
         grpc = self._grpc
         offset = 0
-        request = _Request([], [], [] if region is not None else None)
+        request = _Request([], [], [] if region is not None else None, layout)
         copied = shared = to_host = 0
-        for source, wire in zip(sources, self._inputs, strict=True):
+        for source, wire in zip(sources, layout.inputs, strict=True):
             on_gpu = not isinstance(source, np.ndarray)  # `_wire_source`: torch for a device
             shape = [int(size) for size in source.shape]
             entry = grpc.InferInput(
@@ -568,7 +754,7 @@ class RemoteBinding(ModelBinding):
                 copied += nbytes * (1 + host_copies)
                 to_host += nbytes * host_copies
             request.inputs.append(entry)
-        for target, wire in zip(targets, self._outputs, strict=True):
+        for target, wire in zip(targets, layout.outputs, strict=True):
             entry = grpc.InferRequestedOutput(wire.name)
             if request.output_offsets is not None and region is not None:
                 nbytes = block_nbytes(target.shape, wire)
@@ -579,7 +765,7 @@ class RemoteBinding(ModelBinding):
                 else:
                     request.output_offsets.append(None)
             request.outputs.append(entry)
-        if self._error_output:
+        if layout.error_output:
             request.outputs.append(grpc.InferRequestedOutput(ERROR_OUTPUT))  # a few bytes, by gRPC
         if region is not None:
             region.settle()
@@ -588,21 +774,26 @@ class RemoteBinding(ModelBinding):
         return request
 
     def _read(
-        self, response: typing.Any, targets: Sequence[torch.Tensor], request: _Request
+        self,
+        server: Server,
+        response: typing.Any,
+        targets: Sequence[torch.Tensor],
+        request: _Request,
     ) -> list[torch.Tensor]:
         """Every output checked (present, datatype, shape) before any is used."""
         import numpy as np
 
         cls = type(self)
-        if self._error_output:
+        layout = request.layout
+        if layout.error_output:
             failure = _event_error(response)
             if failure:
                 raise RemoteInferenceError(
-                    f"{cls.NAME} on {self.url} (model {self.model_name!r}) failed: {failure}; "
+                    f"{cls.NAME} on {server.url} (model {self.model_name!r}) failed: {failure}; "
                     f"nothing was written"
                 )
         results = []
-        for position, (target, wire) in enumerate(zip(targets, self._outputs, strict=True)):
+        for position, (target, wire) in enumerate(zip(targets, layout.outputs, strict=True)):
             expected = wire.wire_shape(tuple(target.shape))
             output = response.get_output(wire.name)
             problem = None
@@ -618,7 +809,7 @@ class RemoteBinding(ModelBinding):
                 )
             if problem is not None:
                 raise RemoteResponseError(
-                    f"{cls.NAME} output {wire.name!r} from {self.url} {problem}; nothing was "
+                    f"{cls.NAME} output {wire.name!r} from {server.url} {problem}; nothing was "
                     f"written"
                 )
             dtype = np.dtype(wire.numpy_dtype)
@@ -636,7 +827,7 @@ class RemoteBinding(ModelBinding):
                     detail = ""
                 if array is None or array.shape != expected or array.dtype != dtype:
                     raise RemoteResponseError(
-                        f"{cls.NAME} output {wire.name!r} from {self.url} does not hold "
+                        f"{cls.NAME} output {wire.name!r} from {server.url} does not hold "
                         f"{list(expected)} {wire.numpy_dtype}{detail}; nothing was written"
                     )
             assert array is not None
@@ -662,6 +853,15 @@ def _tritonclient() -> typing.Any:
     return tritonclient.grpc
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How one server takes the binding's tensors (its configuration, read at its first call)."""
+
+    inputs: tuple[WireTensor, ...]
+    outputs: tuple[WireTensor, ...]
+    error_output: bool  # whether it answers failed events in ERROR_OUTPUT
+
+
 @dataclass
 class _Request:
     inputs: list[typing.Any]
@@ -669,7 +869,53 @@ class _Request:
     # Where each output lies in the region (None: in the response, as an empty one always is);
     # None for all: no region.
     output_offsets: list[int | None] | None
+    layout: _Layout
     region: Region | None = None
+
+
+class _Call:
+    """One model run on its way to the servers: its blocks in each wire form asked for, its
+    region and the requests built (reused when it moves on to another server)."""
+
+    def __init__(
+        self,
+        cls: type[RemoteBinding],
+        inputs: Mapping[str, Collection],
+        targets: Sequence[torch.Tensor],
+        device: torch.device,
+    ) -> None:
+        self.specs = cls.INPUTS
+        self.inputs = inputs
+        self.targets = targets
+        self.device = device
+        self.region: Region | None = None
+        self.region_sent = False  # whether a request that used the region was sent
+        self._sources: dict[tuple[WireTensor, ...], list[Source]] = {}
+        self._requests: dict[tuple[_Layout, Region | None], _Request] = {}
+
+    def sources(self, layout: _Layout) -> list[Source]:
+        """The input blocks in the layout's wire order (views, no copy)."""
+        found = self._sources.get(layout.inputs)
+        if found is None:
+            found = [
+                _wire_source(self.inputs[spec.name], spec.block, wire)
+                for spec, wire in zip(self.specs, layout.inputs, strict=True)
+            ]
+            self._sources[layout.inputs] = found
+        return found
+
+    def request(self, layout: _Layout, region: Region | None) -> _Request | None:
+        return self._requests.get((layout, region))
+
+    def keep(self, request: _Request) -> None:
+        if request.region is not None:
+            # The region holds one request's blocks: a request of another form replaces it.
+            self.forget(request.region)
+        self._requests[(request.layout, request.region)] = request
+
+    def forget(self, region: Region) -> None:
+        for key in [key for key in self._requests if key[1] is region]:
+            del self._requests[key]
 
 
 def _served(
@@ -797,6 +1043,62 @@ def _checked_url(url: object) -> str:
     return text
 
 
+def _checked_urls(url: object) -> tuple[str, ...]:
+    """One URL, or several (a list or tuple, each server once)."""
+    if isinstance(url, str):
+        return (_checked_url(url),)
+    if not isinstance(url, (list, tuple)) or not url:
+        raise RemoteConfigurationError(
+            f"url must be 'host:port' of a gRPC endpoint, or a non-empty list of them, got {url!r}"
+        )
+    checked: list[str] = []
+    for position, each in enumerate(url):
+        try:
+            address = _checked_url(each)
+        except RemoteConfigurationError as error:
+            raise RemoteConfigurationError(f"urls[{position}]: {error}") from None
+        for earlier, known in enumerate(checked):
+            if known.lower() == address.lower():
+                raise RemoteConfigurationError(
+                    f"urls[{position}]: {each!r} is the server of urls[{earlier}] "
+                    f"({url[earlier]!r}) again: give each server once"
+                )
+        checked.append(address)
+    return tuple(checked)
+
+
+def _checked_tokens(token: object, urls: Sequence[str]) -> list[str | None]:
+    """Each server's access token: one for all, or one per URL (a mapping; servers it leaves out
+    have none)."""
+    if token is None:
+        return [None] * len(urls)
+    if isinstance(token, str):
+        if not token:
+            raise RemoteConfigurationError("access_token must be a non-empty string or None")
+        return [token] * len(urls)
+    if not isinstance(token, Mapping):
+        raise RemoteConfigurationError(
+            "access_token must be a non-empty string, a mapping of URL to token, or None"
+        )
+    tokens: dict[str, str] = {}
+    for key, value in token.items():
+        try:
+            address = _checked_url(key)
+        except RemoteConfigurationError as error:
+            raise RemoteConfigurationError(f"access_token: {error}") from None
+        matches = [each for each in urls if each.lower() == address.lower()]
+        if not matches:
+            raise RemoteConfigurationError(
+                f"access_token names {key!r}, which is not one of the URLs ({', '.join(urls)})"
+            )
+        if not isinstance(value, str) or not value:
+            raise RemoteConfigurationError(
+                f"access_token of {key!r} must be a non-empty string, got {value!r}"
+            )
+        tokens[matches[0]] = value
+    return [tokens.get(each) for each in urls]
+
+
 def _is_loopback(url: str) -> bool:
     host = url.rpartition(":")[0].strip("[]")
     if host == "localhost":
@@ -807,12 +1109,26 @@ def _is_loopback(url: str) -> bool:
         return False
 
 
-def _close_quietly(client: typing.Any, pool: RegionPool) -> None:
+def _close_quietly(balancer: Balancer, pool: RegionPool) -> None:
+    balancer.close()
     destroy_pool(pool)
-    try:
-        client.close()
-    except Exception:
-        pass
+    for server in balancer.servers:
+        try:
+            server.client.close()
+        except Exception:
+            pass
+
+
+def _probe_ready(model_name: str, timeout: float, server: Server) -> None:
+    """Triton's readiness calls: the server, then the model; raises unless both are ready."""
+    if not server.client.is_server_ready(headers=server.headers, client_timeout=timeout):
+        raise RemoteUnavailableError(f"{server.url} is not ready")
+    if not server.client.is_model_ready(model_name, headers=server.headers, client_timeout=timeout):
+        raise RemoteUnavailableError(f"{server.url} has no model {model_name!r} ready")
+
+
+def _unregister_region(timeout: float, server: Server, region: Region) -> None:
+    region.unregister(server.client, server.headers, timeout)
 
 
 _remote_classes: dict[type[ModelBinding], type[RemoteBinding]] = {}
@@ -842,7 +1158,7 @@ def remote_class(cls: type[ModelBinding]) -> type[RemoteBinding]:
         return found
 
 
-def remote_binding(cls: type[_M], url: str, **options: typing.Any) -> _M:
+def remote_binding(cls: type[_M], url: str | Sequence[str], **options: typing.Any) -> _M:
     """What `GeneratedModel.remote(url, **options)` returns; `ModelBinding.remote` documents (and
     types) the options, `RemoteBinding.__init__` checks them."""
     local: type[ModelBinding] = cls

@@ -2,15 +2,15 @@
 
 - `Region`: a system shared-memory region (POSIX `shm_open`, through `multiprocessing`), and
   `CudaRegion`: device memory of its own on one GPU (through tritonclient's CUDA utilities, which
-  `cuda_shared_memory` loads where it can). Each is registered with a Triton server under its name;
-  a block is copied into it once, in wire order (`write`), and the server's outputs are read back
-  as views of it (`read`).
+  `cuda_shared_memory` loads where it can). Each is registered under its name with each Triton
+  server it is sent to; a block is copied into it once, in wire order (`write`), and the server's
+  outputs are read back as views of it (`read`).
 - `RegionPool`: the regions of one remote binding, one per call in flight, grown in whole MiB when
   a call needs more; `destroy_pool` removes them all.
 - `copy_into`, `block_nbytes`, `Source` and `ALIGN`: the copy into a region, a block's size in
   bytes, what a block in wire order is, and where each tensor starts in a region.
 
-`soagen.serving.client` decides when a call uses a region and registers it with the server; this
+`soagen.serving.client` decides when a call uses a region and registers it with a server; this
 module talks to no server of its own accord (`register` and `unregister` take the client).
 Importing it imports neither torch nor NumPy.
 """
@@ -42,7 +42,7 @@ Source: typing.TypeAlias = "NDArray[typing.Any] | torch.Tensor"
 
 
 class Region:
-    """One system shared-memory region, registered with the server under `name`."""
+    """One system shared-memory region, registered with each server under `name`."""
 
     device: torch.device | None = None  # where the region's memory is: None for host memory
 
@@ -54,7 +54,9 @@ class Region:
         self.size = size
         self.memory: SharedMemory = SharedMemory(name=self.name, create=True, size=size)
         self.key = f"/{self.memory.name.lstrip('/')}"
-        self.registered_in = -1  # the pool generation it was registered in
+        # The servers it is registered with (their slot in the binding) and each server's
+        # generation then (`soagen.serving.balancing.Server.generation`).
+        self.registered: dict[int, int] = {}
 
     def register(self, client: typing.Any, headers: typing.Any, timeout: float) -> None:
         client.register_system_shared_memory(
@@ -105,7 +107,7 @@ class CudaRegion(Region):
         self.name = f"{prefix}_cuda_{number}"
         self.size = size
         self.device = device
-        self.registered_in = -1
+        self.registered: dict[int, int] = {}
         self.utilities = cuda_shared_memory()
         assert self.utilities is not None, "only made where tritonclient's CUDA utilities load"
         self.index = device.index if device.index is not None else 0
@@ -190,7 +192,6 @@ class RegionPool:
         self.prefix = f"soagen_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.free: list[Region] = []
         self.all: list[Region] = []
-        self.generation = 0  # bumped when the server may have forgotten its registrations
         self.lock = threading.Lock()
 
     def take(self, size: int, device: torch.device | None) -> tuple[Region, Region | None]:
@@ -234,10 +235,6 @@ class RegionPool:
             self.free = [region for region in self.free if region.device is None]
             self.all = [region for region in self.all if region not in dropped]
             return dropped
-
-    def forget_registrations(self) -> None:
-        with self.lock:
-            self.generation += 1
 
 
 def destroy_pool(pool: RegionPool) -> None:

@@ -119,12 +119,15 @@ class _HoldingProxy:
     """A gRPC proxy on 127.0.0.1 in front of a server: every call is forwarded as it is (bytes and
     metadata), except that the next `hold` `ModelInfer` calls, then the next `gather`, are held: a
     held call waits until its caller gives up (its deadline) or `release` is set (by the test, or
-    by the last of the `gather` calls), and is then forwarded only if its caller still waits."""
+    by the last of the `gather` calls), and is then forwarded only if its caller still waits (or,
+    with `late`, anyway: as a server does that takes a request whose caller gave up, and writes its
+    outputs; `late_answers` counts those)."""
 
-    def __init__(self, target: str, *, hold: int = 0, gather: int = 0) -> None:
+    def __init__(self, target: str, *, hold: int = 0, gather: int = 0, late: bool = False) -> None:
         import grpc
 
-        self.hold, self.gather = hold, gather
+        self.hold, self.gather, self.late = hold, gather, late
+        self.late_answers = 0
         self.release = threading.Event()
         self.arrived = threading.Condition()
         self.infers: list[str] = []  # per ModelInfer: "forwarded" or "abandoned" (deadline)
@@ -170,6 +173,14 @@ class _HoldingProxy:
                 self.infers.append("forwarded" if context.is_active() else "abandoned")
                 self.arrived.notify_all()
             if not context.is_active():
+                if self.late:
+                    metadata = [
+                        m for m in context.invocation_metadata() if not m[0].startswith(":")
+                    ]
+                    self._channel.unary_unary(method)(request, metadata=metadata, timeout=60)
+                    with self.arrived:
+                        self.late_answers += 1
+                        self.arrived.notify_all()
                 return b""
         metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(":")]
         try:
@@ -414,7 +425,10 @@ def test_remote_arguments_are_checked_before_any_connection() -> None:
 
 
 def test_serving_package_imports_nothing_heavy() -> None:
-    code = "import soagen.serving, soagen.serving.events, soagen.serving.wire, soagen.runtime"
+    code = (
+        "import soagen.serving, soagen.serving.events, soagen.serving.wire, "
+        "soagen.serving.balancing, soagen.runtime"
+    )
     heavy = ("torch", "numpy", "tritonclient", "pytriton")
     assert modules_imported_by(code, heavy) == []
 

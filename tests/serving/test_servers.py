@@ -1,0 +1,565 @@
+"""`Model.remote([url, url, url])`: one binding over several Triton servers.
+
+The balancer's choice, health and probes are checked first without a server (`Balancer` with
+stand-in probes). Then three real `soagen serve` processes on 127.0.0.1 serve the example GNN for
+the whole module (`fleet`, started together, on ports of their own so that a killed one restarts on
+its port): requests spread over all three, one is killed mid-stream and restarted, and finally all
+three die. A test that needs a server a test before it killed restarts it (`Fleet.running`), so
+the tests pass in any order; in file order the module starts four servers (three at once, one
+restart).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from soagen.serving.balancing import Balancer, Server
+from tests.helpers import free_ports
+
+torch = pytest.importorskip("torch")
+
+from examples.gnn_model import build_model  # noqa: E402
+from generated.gnn import EdgeClassifier, EdgeScores  # noqa: E402
+from soagen.serving import (  # noqa: E402
+    RemoteConfigurationError,
+    RemoteInferenceError,
+    RemoteUnavailableError,
+)
+from tests.serving.test_serving import (  # noqa: E402
+    Served,
+    _block_bytes,
+    _event,
+    _expected,
+    _forget_model_folders_of,
+    _HoldingProxy,
+    _start_server,
+    _stop,
+    _tritonserver_of,
+    needs_triton,
+)
+
+_ACCESS_HEADER = "triton-grpc-protocol-triton-access-token"
+
+# The balancer alone: stand-in servers, probes that say what the test wants.
+
+
+def _balancer(count: int, *, ready: set[int] | None = None, interval: float = 0.05) -> Balancer:
+    servers = [Server(slot, f"127.0.0.1:{9000 + slot}", None, None, False) for slot in range(count)]
+
+    def probe(server: Server) -> None:
+        if ready is None or server.slot not in ready:
+            raise ConnectionError("not ready")
+
+    return Balancer(
+        servers, probe_interval=interval, probe=probe, unregister=lambda server, region: None
+    )
+
+
+def test_least_outstanding_wins_and_ties_go_round() -> None:
+    balancer = _balancer(3)
+    # One caller at a time: every server in turn.
+    picks = []
+    for _ in range(6):
+        server = balancer.pick((), first=True)
+        assert server is not None
+        picks.append(server.slot)
+        balancer.answered(server, accepted=True)
+    assert picks == [0, 1, 2, 0, 1, 2]
+    # Requests outstanding: the least loaded server, whatever the turn.
+    held = [balancer.pick((), first=True) for _ in range(3)]  # one on each
+    assert [server.slot for server in held if server] == [0, 1, 2]
+    assert held[0] is not None and held[2] is not None
+    balancer.answered(held[2], accepted=True)
+    balancer.answered(held[0], accepted=True)
+    # 0 and 2 idle: 0 is next in turn, then 2 is the least loaded.
+    assert [balancer.pick((), first=True).slot for _ in range(2)] == [0, 2]
+    # A server the call tried already is not picked again in that round.
+    assert balancer.pick({0, 2}, first=False).slot == 1
+    assert balancer.pick({0, 1, 2}, first=False) is None
+    counts = {c.url[-4:]: (c.sent, c.succeeded, c.outstanding) for c in balancer.counters()}
+    assert counts == {"9000": (4, 3, 1), "9001": (4, 2, 2), "9002": (4, 3, 1)}
+    balancer.close()
+
+
+def test_concurrent_picks_spread_and_count_exactly() -> None:
+    balancer = _balancer(3)
+    barrier = threading.Barrier(12)
+
+    def caller() -> None:
+        barrier.wait()
+        for _ in range(500):
+            server = balancer.pick((), first=True)
+            assert server is not None
+            time.sleep(0)
+            balancer.answered(server, accepted=True)
+
+    threads = [threading.Thread(target=caller) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counters = balancer.counters()
+    assert sum(c.succeeded for c in counters) == 6000
+    assert all(c.sent == c.succeeded and c.outstanding == 0 for c in counters)
+    assert min(c.sent for c in counters) > 1000  # every server took its share
+    balancer.close()
+
+
+def test_a_failed_server_is_out_until_its_probe_passes() -> None:
+    ready: set[int] = set()
+    balancer = _balancer(2, ready=ready, interval=0.05)
+    first = balancer.pick((), first=True)
+    assert first is not None and first.slot == 0
+    balancer.failed(first, "connection refused")
+    # Out of rotation: the other server takes every request.
+    assert [balancer.pick((), first=True).slot for _ in range(3)] == [1, 1, 1]
+    for _ in range(3):
+        balancer.answered(balancer.servers[1], accepted=True)
+    deadline = time.monotonic() + 10
+    while balancer.servers[0].probes < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    down = balancer.counters()[0]
+    assert not down.healthy and down.taken_out == 1 and down.failed == 1
+    assert down.probes >= 4 and down.last_error == "probe: not ready"
+    # Waits of 0.05, 0.1, 0.2 and 0.4 s: doubling up to 8 x the interval.
+    assert balancer.servers[0].wait == pytest.approx(0.4)
+    ready.add(0)
+    deadline = time.monotonic() + 5
+    while not balancer.servers[0].healthy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert balancer.servers[0].healthy
+    assert {balancer.pick((), first=True).slot for _ in range(2)} == {0, 1}
+    balancer.close(timeout=5)
+
+
+def test_with_every_server_out_a_round_tries_the_one_that_failed_longest_ago() -> None:
+    balancer = _balancer(3, interval=60)
+    picked = [balancer.pick((), first=True) for _ in range(3)]
+    assert [server.slot for server in picked if server] == [0, 1, 2]
+    for slot in (1, 2, 0):
+        balancer.failed(balancer.servers[slot], "down")
+        time.sleep(0.001)
+    assert balancer.pick((), first=False) is None  # not a round's first pick: nothing
+    oldest = balancer.pick((), first=True)
+    assert oldest is not None and oldest.slot == 1
+    assert balancer.pick({1}, first=True).slot == 2
+    # An answer puts a server back in rotation at once.
+    balancer.answered(oldest, accepted=False)
+    assert oldest.healthy and oldest.errors == 1 and oldest.taken_out == 1
+    assert balancer.pick((), first=False) is oldest
+    balancer.close()
+
+
+def test_remote_takes_several_urls_each_once() -> None:
+    for urls, pattern in (
+        ([], "non-empty list"),
+        (["127.0.0.1:1", "127.0.0.1"], r"urls\[1\]: url '127\.0\.0\.1' is not 'host:port'"),
+        (["127.0.0.1:1", 5], r"urls\[1\]: url must be 'host:port'.*got 5"),
+        (["127.0.0.1:1", "http://h:2"], r"urls\[1\]: url 'http://h:2': remote models speak gRPC"),
+        (
+            ["127.0.0.1:1", "h:2", "grpc://127.0.0.1:1"],
+            r"urls\[2\]: 'grpc://127\.0\.0\.1:1' is the server of urls\[0\] \('127\.0\.0\.1:1'\)",
+        ),
+        (["LOCALHOST:3", "localhost:3"], r"urls\[1\]"),
+    ):
+        with pytest.raises(RemoteConfigurationError, match=pattern):
+            EdgeClassifier.remote(urls)
+    urls = ["127.0.0.1:1", "127.0.0.1:2"]
+    with pytest.raises(RemoteConfigurationError, match=r"access_token names '127\.0\.0\.1:3'"):
+        EdgeClassifier.remote(urls, access_token={"127.0.0.1:3": "t"})
+    with pytest.raises(RemoteConfigurationError, match="access_token of '127.0.0.1:2'"):
+        EdgeClassifier.remote(urls, access_token={"127.0.0.1:2": ""})
+    for interval in (0, -1, float("inf"), True, "1"):
+        with pytest.raises(RemoteConfigurationError, match="probe_interval"):
+            EdgeClassifier.remote(urls, probe_interval=interval)  # type: ignore[arg-type]
+    with EdgeClassifier.remote(
+        ("127.0.0.1:1", "grpc://127.0.0.1:2"), access_token={"grpc://127.0.0.1:2": "t"}
+    ) as remote:
+        assert remote.urls == ("127.0.0.1:1", "127.0.0.1:2")
+        assert [server.headers for server in remote._servers] == [None, {_ACCESS_HEADER: "t"}]
+        assert list(remote.servers) == list(remote.urls)
+        assert "127.0.0.1:1, 127.0.0.1:2" in repr(remote)
+
+
+@needs_triton
+def test_when_no_server_answers_the_error_names_each_or_the_fallback_runs() -> None:
+    urls = [f"127.0.0.1:{port}" for port in free_ports(3)]  # nothing listens there
+    nodes, edges = _event(30, 60, 8)
+    out = EdgeScores.allocate(60, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    with EdgeClassifier.remote(urls, timeout=2, retries=1, probe_interval=60) as remote:
+        with pytest.raises(RemoteUnavailableError) as caught:
+            remote(nodes, edges, out=out)
+        message = str(caught.value)
+        # Round 1 tries all three, round 2 the one that failed longest ago.
+        assert "none of its 3 Triton servers answered (4 attempts in" in message
+        for url in urls:
+            assert f"{url}: failed to connect to all addresses" in message
+        assert message.endswith("; nothing was written; pass fallback= to run locally instead")
+        assert remote.stats.retries == 1
+        counters = remote.servers
+        assert [counters[url].sent for url in urls] == [2, 1, 1]
+        assert not any(counters[url].healthy for url in urls)
+        # Known to be down, each round still tries one (the one that failed longest ago).
+        with pytest.raises(RemoteUnavailableError, match="2 attempts"):
+            remote(nodes, edges, out=out)
+    assert bytes(out.buffer.numpy()) == before
+    local = EdgeClassifier(build_model())
+    with EdgeClassifier.remote(urls, retries=0, fallback=local) as remote:
+        remote(nodes, edges, out=out)
+        assert (remote.stats.fallbacks, remote.stats.writes) == (1, 0)
+        assert [counters.sent for counters in remote.servers.values()] == [1, 1, 1]
+    assert torch.equal(out.score, _expected(local, nodes, edges))
+
+
+# Three real servers.
+
+
+class Fleet:
+    """`count` servers of `soagen serve` on ports of their own, started together; a killed one
+    restarts on its ports."""
+
+    def __init__(self, folder: Path, count: int) -> None:
+        self.folder = folder
+        ports = free_ports(2 * count)
+        self.ports = [(ports[2 * k], ports[2 * k + 1]) for k in range(count)]
+        self.served: list[Served | None] = [None] * count
+        self._starts = itertools.count()
+
+    def _start(self, k: int) -> Served:
+        folder = self.folder / f"server{k}-{next(self._starts)}"
+        folder.mkdir()
+        grpc_port, http_port = self.ports[k]
+        served = _start_server(folder, "--grpc-port", str(grpc_port), "--http-port", str(http_port))
+        assert served.url == f"127.0.0.1:{grpc_port}"
+        self.served[k] = served
+        return served
+
+    def running(self) -> list[Served]:
+        """Every server, those that are down started again (together)."""
+        down = [k for k, s in enumerate(self.served) if s is None or s.process.poll() is not None]
+        with ThreadPoolExecutor(max_workers=max(1, len(down))) as pool:
+            for result in [pool.submit(self._start, k) for k in down]:
+                result.result()
+        return [served for served in self.served if served is not None]
+
+    def kill(self, *ks: int) -> None:
+        """Kill the servers' tritonserver (as a crash would); `soagen serve` sees it go."""
+        killed = [self.served[k] for k in ks]
+        for served in killed:
+            assert served is not None
+            os.kill(_tritonserver_of(served.process), signal.SIGKILL)
+        for served in killed:
+            assert served is not None
+            assert served.process.wait(30) == 1
+            _forget_model_folders_of(served)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"127.0.0.1:{grpc_port}" for grpc_port, _ in self.ports]
+
+    def tokens(self) -> dict[str, str]:
+        return {s.url: s.token for s in self.served if s is not None}
+
+    def stop(self) -> None:
+        with ThreadPoolExecutor(max_workers=len(self.served)) as pool:
+            for served in self.served:
+                if served is not None:
+                    pool.submit(_stop, served.process)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    fleet = Fleet(tmp_path_factory.mktemp("fleet"), 3)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def local() -> EdgeClassifier:
+    return EdgeClassifier(build_model())
+
+
+def _registered(url: str, token: str, prefix: str) -> list[str]:
+    import tritonclient.grpc
+
+    client = tritonclient.grpc.InferenceServerClient(url)
+    try:
+        status = client.get_system_shared_memory_status(
+            headers={_ACCESS_HEADER: token}, as_json=True
+        )
+    finally:
+        client.close()
+    return [name for name in status.get("regions", {}) if name.startswith(prefix)]
+
+
+@needs_triton
+def test_requests_spread_over_every_server(fleet: Fleet, local: EdgeClassifier) -> None:
+    fleet.running()
+    urls, tokens = fleet.urls, fleet.tokens()
+    remote = EdgeClassifier.remote(urls, access_token=tokens)
+    assert remote.uses_shared_memory  # loopback: each server gets its own registrations
+    before = remote.server_statistics()
+    assert set(before["servers"]) == set(urls)
+    events = [_event(20 + k % 5, 40 + 3 * k, 300 + k) for k in range(48)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    # One thread first: its calls never overlap, so they go round the servers in turn.
+    for k in range(6):
+        remote(*events[k], out=outs[k])
+    assert [remote.servers[url].succeeded for url in urls] == [2, 2, 2]
+    errors: list[BaseException] = []
+
+    def client(first: int) -> None:
+        try:
+            for k in range(first, len(events), 6):
+                remote(*events[k], out=outs[k])
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in range(6, 12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    counters = remote.servers
+    assert all(counters[url].succeeded > 2 for url in urls), counters
+    assert sum(counters[url].succeeded for url in urls) == len(events) == remote.stats.writes
+    for url in urls:
+        entry = counters[url]
+        assert entry.healthy and entry.outstanding == 0 and entry.sent == entry.succeeded
+        assert (entry.failed, entry.errors, entry.taken_out, entry.retried_elsewhere) == (
+            0,
+            0,
+            0,
+            0,
+        )
+    # Triton's own counts, per server and summed, agree with the client's.
+    after = remote.server_statistics()
+    for url in urls:
+        served = int(after["servers"][url]["model_stats"]["inference_count"]) - int(
+            before["servers"][url]["model_stats"].get("inference_count", 0)
+        )
+        assert served == counters[url].succeeded
+        assert after["servers"][url]["succeeded"] == counters[url].succeeded
+    assert after["inference_count"] - before["inference_count"] == len(events)
+    # Every server holds this client's regions; close() unregisters them everywhere, removes
+    # them, and closes every connection.
+    prefix = remote._pool.prefix
+    assert all(_registered(url, tokens[url], prefix) for url in urls)
+    remote.close()
+    assert not any(_registered(url, tokens[url], prefix) for url in urls)
+    assert not list(Path("/dev/shm").glob(f"{prefix}*"))
+    for server in remote._servers:
+        with pytest.raises(Exception, match="closed"):
+            server.client.is_server_live()
+
+
+@needs_triton
+@pytest.mark.parametrize("shared_memory", [False, None], ids=["grpc", "shared-memory"])
+def test_an_error_of_the_event_is_not_sent_elsewhere(
+    fleet: Fleet, shared_memory: bool | None
+) -> None:
+    fleet.running()
+    nodes, edges = _event(10, 20, 3)
+    edges.src[5] = 99  # not a node; the client's own check is off, so that the server answers
+    out = EdgeScores.allocate(20, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    with EdgeClassifier.remote(
+        fleet.urls,
+        access_token=fleet.tokens(),
+        shared_memory=shared_memory,
+        index_bounds={"edge_index": None},
+    ) as remote:
+        with pytest.raises(RemoteInferenceError, match="IndexRangeError") as caught:
+            remote(nodes, edges, out=out)
+        (answered,) = [url for url in fleet.urls if url in str(caught.value)]
+        assert (remote.stats.attempts, remote.stats.retries) == (1, 0)
+        counters = remote.servers
+        assert counters[answered].errors == 1
+        assert all(
+            c.healthy and c.failed == 0 and c.retried_elsewhere == 0 for c in counters.values()
+        )
+        assert sum(c.sent for c in counters.values()) == 1
+    assert bytes(out.buffer.numpy()) == before
+
+
+@needs_triton
+def test_a_server_killed_mid_stream_loses_no_event_and_comes_back(
+    fleet: Fleet, local: EdgeClassifier
+) -> None:
+    fleet.running()
+    urls = fleet.urls
+    victim = urls[1]
+    interval = 0.25
+    remote = EdgeClassifier.remote(
+        urls, access_token=fleet.tokens(), timeout=5, retries=1, probe_interval=interval
+    )
+    events = [_event(20 + k % 7, 50 + k, 1000 + k) for k in range(90)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    for out in outs:
+        out.score.fill_(-1.0)
+    done = [0]
+    lock = threading.Lock()
+    killed = threading.Event()
+    errors: list[BaseException] = []
+
+    def client(first: int) -> None:
+        try:
+            for k in range(first, len(events), 4):
+                if k >= 60:
+                    killed.wait(60)  # the last events come after the kill, whatever the timing
+                remote(*events[k], out=outs[k])
+                with lock:
+                    done[0] += 1
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    def kill() -> None:
+        while done[0] < 20 and not errors:
+            time.sleep(0.001)
+        fleet.kill(1)  # while calls stream from four threads (some are likely on it)
+        killed.set()
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in range(4)]
+    killer = threading.Thread(target=kill)
+    for thread in (*threads, killer):
+        thread.start()
+    for thread in (*threads, killer):
+        thread.join(120)
+    assert not errors, errors
+    # Every event was answered once, by a server (no fallback is configured), bit for bit as the
+    # local model computes it.
+    assert (remote.stats.writes, remote.stats.fallbacks) == (len(events), 0)
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    counters = remote.servers
+    assert sum(c.succeeded for c in counters.values()) == len(events)
+    dead = counters[victim]
+    assert not dead.healthy and dead.taken_out == 1 and dead.failed >= 1
+    assert dead.retried_elsewhere == dead.failed  # each call it failed went on elsewhere
+    assert dead.outstanding == 0 and dead.last_error
+    assert all(counters[url].healthy for url in urls if url != victim)
+    statistics = remote.server_statistics()  # the dead server's statistics: its reason
+    assert "statistics_error" in statistics["servers"][victim]
+    assert statistics["servers"][victim]["healthy"] is False
+
+    # Restarted on its port, it is probed back into rotation, and used again.
+    fleet.running()
+    restarted = time.monotonic()
+    while not remote.servers[victim].healthy and time.monotonic() < restarted + 30:
+        time.sleep(0.01)
+    back_after = time.monotonic() - restarted
+    assert remote.servers[victim].healthy
+    # The probe waits double after each failure, up to 8 x the interval: back within about that
+    # (and the channel's reconnection, at most 1 s).
+    assert back_after < 2 * 8 * interval + 1.5, back_after
+    assert remote.servers[victim].probes >= 1
+    used = remote.servers[victim].succeeded
+    for (nodes, edges), out in zip(events[:6], outs[:6], strict=True):
+        out.score.fill_(-1.0)
+        remote(nodes, edges, out=out)
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    assert remote.servers[victim].succeeded == used + 2
+    # The restarted server made a new access token, which this binding does not have: it refused
+    # the binding's regions, and takes the blocks in its requests; the others still share memory.
+    assert [server.shared_memory for server in remote._servers] == [True, False, True]
+    remote.close()
+
+
+@needs_triton
+def test_a_request_answered_after_its_deadline_writes_into_no_later_call(
+    fleet: Fleet, local: EdgeClassifier
+) -> None:
+    """A server that runs a request after its caller gave up (the deadline passed) still writes
+    the outputs into the call's shared-memory region. That region is retired: the call goes on to
+    another server with a fresh one, and no later call is handed the old one; the slow server is
+    probed back into rotation, and the retired region unregistered there."""
+    served = fleet.running()
+    proxy = _HoldingProxy(served[0].url, hold=1, late=True)
+    slow, other = proxy.url, served[1].url
+    remote = EdgeClassifier.remote(
+        [slow, other],
+        access_token={slow: served[0].token, other: served[1].token},
+        timeout=1.5,
+        retries=0,
+        probe_interval=0.2,
+    )
+    try:
+        events = [_event(40, 300, 61 + k) for k in range(3)]  # one size: one region fits all
+        outs = [EdgeScores.allocate(300, zero=True) for _ in events]
+        remote(*events[0], out=outs[0])  # to the proxy first (its turn), held past the deadline
+        assert proxy.outcomes(1) == ["abandoned"]
+        counters = remote.servers
+        assert (counters[slow].failed, counters[slow].retried_elsewhere) == (1, 1)
+        assert counters[other].succeeded == 1
+        # Its blocks were copied twice: into the region the abandoned request used, then into a
+        # fresh one for the other server.
+        assert remote.stats.bytes_copied == 2 * _block_bytes(*events[0])
+        with proxy.arrived:  # the server has run the abandoned request, and written its outputs
+            assert proxy.arrived.wait_for(lambda: proxy.late_answers == 1, 30)
+        prefix = remote._pool.prefix
+        assert len(list(Path("/dev/shm").glob(f"{prefix}*"))) == 1  # the retired one is gone
+        deadline = time.monotonic() + 30
+        while (not remote.servers[slow].healthy or remote._servers[0].stale) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        assert remote.servers[slow].healthy and remote.servers[slow].probes >= 1
+        pooled = {region.name for region in remote._pool.all}
+        assert set(_registered(served[0].url, served[0].token, prefix)) <= pooled
+        for event, out in zip(events[1:], outs[1:], strict=True):
+            remote(*event, out=out)  # one each: the region the first call ended with
+        assert remote.servers[slow].succeeded == 1
+        for (nodes, edges), out in zip(events, outs, strict=True):
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+    finally:
+        remote.close()
+        proxy.close()
+
+
+@needs_triton
+def test_all_servers_killed_fall_back_then_raise_naming_each(
+    fleet: Fleet, local: EdgeClassifier
+) -> None:
+    fleet.running()
+    urls = fleet.urls
+    remote = EdgeClassifier.remote(
+        urls, access_token=fleet.tokens(), timeout=5, retries=1, fallback=local, probe_interval=60
+    )
+    events = [_event(30, 60 + k, 2000 + k) for k in range(6)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    for k in range(3):
+        remote(*events[k], out=outs[k])
+    assert remote.stats.writes == 3
+    fleet.kill(0, 1, 2)
+    for k in range(3, 6):
+        remote(*events[k], out=outs[k])
+    assert (remote.stats.writes, remote.stats.fallbacks) == (3, 3)
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    assert not any(c.healthy for c in remote.servers.values())
+    remote.close()
+    # Without a fallback: every URL and what it failed with.
+    nodes, edges = events[0]
+    out = EdgeScores.allocate(edges.size, zero=True)
+    with EdgeClassifier.remote(urls, timeout=5, retries=0) as bare:
+        with pytest.raises(RemoteUnavailableError) as caught:
+            bare(nodes, edges, out=out)
+    for url in urls:
+        assert f"{url}: failed to connect to all addresses" in str(caught.value)
