@@ -696,14 +696,50 @@ def _index_message(cls: type[ModelBinding], index_name: str, bound_name: str, bo
 
 
 def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
-    """Queue the range check on the indices' device: one reduction over them (a min/max pair, not
-    four passes of comparisons and their temporaries), then an assert on two scalars."""
+    """Queue the range check on the indices' device, with no host wait: one reduction over them,
+    then as few ops on its result as the dtype allows with ops CPU has too (it runs this code in
+    tests, where `_assert_async` raises at once; torch's CPU kernels have no max or comparison of
+    uint16/32/64). Inside a CUDA graph each op is a node, each replay checking the indices anew.
+
+    - 8-bit: the largest value seen as uint8 (a negative int8 is 128 or more), one comparison, the
+      assert: 3 ops; none for uint8 indices into 256 elements or more, all of which are in range.
+    - A bound past the largest value of a signed type (int16 indices into 40k nodes): only the
+      sign can be wrong, the smallest value compared with 0: 3 ops.
+    - Otherwise min and max in one pass, two comparisons, their conjunction, the assert: 5 ops.
+      uint16/32/64 indices into at most half their range are seen as the signed type of their
+      width (no copy): a value past half the range turns negative, out of range either way. Past
+      half the range, uint16/32 are widened to int64 (a copy) and only their maximum compared.
+    """
     import torch
 
-    if indices.numel() == 0:  # aminmax has no identity
+    if indices.numel() == 0:  # the reductions have no identity
         return
-    low, high = _device_extremes(indices)
+    message = message[:_ASSERT_MESSAGE_MAX]
+    bits = 8 * indices.element_size()
+    half = 1 << (bits - 1)
+    if bits == 8:
+        limit = min(bound, 1 << 8 if indices.dtype == torch.uint8 else half)
+        if limit == 1 << 8:
+            return
+        torch._assert_async(indices.view(torch.uint8).amax() < limit, message)
+        return
+    if not indices.dtype.is_signed:
+        if bound >= 1 << bits:
+            return
+        if bound > half and bits < 64:
+            torch._assert_async(indices.to(torch.int64).amax() < bound, message)
+            return
+        # A bound past 2**63 (no buffer holds that many elements) is checked as 2**63.
+        indices = indices.view(getattr(torch, f"int{bits}"))
+    if bound >= half:
+        torch._assert_async(indices.amin() >= 0, message)
+        return
+    low, high = torch.aminmax(indices)
     torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
+
+
+# The longest message torch's CUDA `_assert_async` takes (it refuses longer ones).
+_ASSERT_MESSAGE_MAX = 254
 
 
 def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
