@@ -41,6 +41,7 @@ if typing.TYPE_CHECKING:
 
     from soagen.runtime.backends import Backend, CompiledGraph
     from soagen.runtime.collection import Collection
+    from soagen.runtime.graphs import CallGraphs
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
 
@@ -62,6 +63,8 @@ class ModelBinding:
     SCHEMA: typing.ClassVar[str]
     INPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
     OUTPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
+    # The CUDA graphs of a binding made with graphs=True (`soagen.runtime.graphs`).
+    _graphs: CallGraphs | None = None
 
     def __init__(
         self,
@@ -73,6 +76,8 @@ class ModelBinding:
         contiguous: Iterable[str] = (),
         fallback_to_eager: bool = False,
         backend_options: Mapping[str, object] | None = None,
+        graphs: bool = False,
+        graph_cache_size: int | None = None,
     ) -> None:
         """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2`/`.onnx`
         file.
@@ -97,6 +102,10 @@ class ModelBinding:
         With backend="compile", every call that compiles a graph also runs the eager model on
         the same inputs and raises `CompiledModelMismatchError` if they disagree;
         `fallback_to_eager=True` warns once instead and runs that device eagerly from then on.
+        `graphs=True` captures each call on CUDA collections into a CUDA graph at its first call
+        on that memory and replays it at later ones (`soagen.runtime.graphs`: what is captured,
+        the key, the checks); at most `graph_cache_size` graphs are kept (default 8), the least
+        recently used dropped first. Calls on CPU collections run as usual.
         """
         from soagen.runtime.backends import load_backend
 
@@ -164,6 +173,10 @@ class ModelBinding:
                 f"place; a contiguous copy has other strides, which it does not take. Leave "
                 f"contiguous= out, or declare `contiguous` in the schema and compile again"
             )
+        if graphs or graph_cache_size is not None:
+            from soagen.runtime.graphs import call_graphs
+
+            self._graphs = call_graphs(self, graphs, graph_cache_size)
 
     @classmethod
     def load(
@@ -175,10 +188,13 @@ class ModelBinding:
         index_bounds: Mapping[str, str | None] | None = None,
         contiguous: Iterable[str] = (),
         backend_options: Mapping[str, object] | None = None,
+        graphs: bool = False,
+        graph_cache_size: int | None = None,
     ) -> _M:
         """Load a model file: TorchScript (`.pt`), an AOTInductor package (`.pt2`) built by
         `soagen compile`, which is refused if it was built for another schema or layout, or an
-        ONNX model (`.onnx`), whose inputs and outputs are checked against the schema's."""
+        ONNX model (`.onnx`), whose inputs and outputs are checked against the schema's.
+        `graphs`, `graph_cache_size`: CUDA graphs, as for the constructor."""
         return cls(
             path,
             backend=backend,
@@ -186,6 +202,8 @@ class ModelBinding:
             index_bounds=index_bounds,
             contiguous=contiguous,
             backend_options=backend_options,
+            graphs=graphs,
+            graph_cache_size=graph_cache_size,
         )
 
     @classmethod
@@ -256,7 +274,10 @@ class ModelBinding:
         """Release the runners placed on the devices the model ran on (its copies on GPUs,
         TorchScript modules and AOTInductor packages loaded there); a later call places it again.
         `torch.compile`'s code stays in torch's own cache. A remote binding closes its connection
-        for good. `with Model(...) as model:` closes it at the end of the block."""
+        for good. A binding made with graphs=True drops its CUDA graphs. `with Model(...) as
+        model:` closes it at the end of the block."""
+        if self._graphs is not None:
+            self._graphs.clear()
         self._backend.release()
 
     def __enter__(self: _M) -> _M:
@@ -345,6 +366,10 @@ class ModelBinding:
                 )
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
+        if self._graphs is not None and device.type == self._graphs.device_type:
+            # graphs=True: this call is replayed from, or captured into, a CUDA graph.
+            self._graphs.call(inputs, outputs, device, stream, batch_size)
+            return
         if stream is None and batch_size is None:
             self._run_once(inputs, outputs, device)  # the common call, without a context manager
             return
