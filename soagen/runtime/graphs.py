@@ -15,12 +15,14 @@ start and size). Another buffer, another size or another slice is another key, c
 call. The address decides, not the buffer object: a collection freed and a new one allocated at the
 same address, of the same class and size, has the same views, which the graph reads correctly.
 
-First call of a key, under a process-wide lock: the call runs eagerly twice on a side stream (the
-stream the capture will use, so handles and workspaces torch makes per stream exist before it) into
+First call of a key, under a process-wide lock: the call runs eagerly three times (as many warm-up
+runs as `torch.cuda.make_graphed_callables` makes by default) on a side stream (the stream the
+capture will use, so the handles and workspaces torch makes per stream exist before it) into
 scratch output collections of the same geometry, with every check a plain call makes (a model that
 writes its inputs raises `InputModifiedError` here, before anything is captured: version counters
-do not move when a graph replays); the first run places the model (and compiles it with
-backend="compile"), TorchScript's profiling executor optimizes at the second. The call is then
+do not move when a graph replays). The first run places the model (and compiles it with
+backend="compile"); TorchScript's profiling executor optimizes at the second and may fuse kernels
+for a new shape a run later: the capture should record only what later calls run. The call is then
 captured on that side stream, in thread-local capture mode (other threads' CUDA calls do not
 invalidate it), replayed once on the caller's stream, and its outputs compared with the eager ones
 within the tolerances of `soagen.runtime.agreement` (exact for integers; rtol 1e-3 and atol 1e-4
@@ -100,7 +102,7 @@ _NOT_CAPTURABLE = {
     ),
 }
 # Eager runs of a call before it is captured (see the module documentation).
-WARM_UP_CALLS = 2
+WARM_UP_CALLS = 3
 # One capture at a time in the process: torch's allocator and the shared pools expect it.
 _capture_lock = threading.RLock()
 
@@ -221,17 +223,22 @@ class CallGraphs:
         outputs: Mapping[str, Collection],
         device: torch.device,
     ) -> None:
-        # Every output empty: nothing to compute, as in a plain call.
+        # What `ModelBinding.run` checked before handing the call here holds for a replay as for
+        # a plain call: names and layouts, one device, writable outputs, `same n as` sizes.
+        # Left to check per call, each for a reason:
+        # - every output empty: a plain call runs nothing then, and neither is anything captured;
         for collection in outputs.values():
             if collection.size:
                 break
         else:
             return
-        # The key is all a replay needs checked: the graph's addresses, sizes, index bounds and
-        # memory pool are those of the key (see the module documentation).
+        # - the key: the graph holds the addresses, sizes and index bounds of its first call and
+        #   replays on its stream's memory pool; a collection's address, not its buffer object,
+        #   is compared (`_placement`);
         key = self._key(inputs, outputs, device)
         graph = self._graphs.get(key)
-        # A module put back in training mode goes to the eager run, which refuses it.
+        # - the module's training flag: a replay would run eval-mode kernels where a plain call
+        #   refuses the module (the eager run of a capture refuses it the same way).
         if graph is not None and (self._module is None or not self._module.training):
             try:
                 self._graphs.move_to_end(key)
@@ -334,7 +341,8 @@ class _Graph:
 
 def _placement(collection: Collection) -> Hashable:
     """Where a collection's views lie: its class (the geometry), buffer address, capacity and
-    element range."""
+    element range. Whether the buffer is the object the graph was captured with does not matter:
+    another buffer at the same address, of the same class and capacity, has the same views."""
     return (
         type(collection),
         collection._memory.buffer.data_ptr(),

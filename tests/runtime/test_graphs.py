@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from examples.gnn_model import build_model  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
@@ -35,7 +35,7 @@ from soagen.runtime.errors import (  # noqa: E402
     InputModifiedError,
     ModelLoadError,
 )
-from soagen.runtime.graphs import CallGraphs  # noqa: E402
+from soagen.runtime.graphs import WARM_UP_CALLS, CallGraphs  # noqa: E402
 from tests.helpers import REPO, assert_no_host_device_copies  # noqa: E402
 
 _T = TypeVar("_T")
@@ -103,15 +103,14 @@ class WrongReplays(RerunCapturer):
         return Rerun(wrong, self)
 
 
-class NoHostReads(TorchDispatchMode):
-    """Refuses reading a tensor's value on the host (`.item()`, `bool()`, `.tolist()`, `int()`
-    go through aten._local_scalar_dense, or aten.item inside inference mode), as CUDA refuses it
-    while a stream is captured, with CUDA's message."""
+class NoHostReads(TorchFunctionMode):
+    """Refuses reading a tensor's values on the host, as CUDA refuses the wait for the device it
+    takes while a stream is captured, with CUDA's message."""
 
-    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+    reads = frozenset(("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__"))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func in self.reads:
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", None) in self.reads:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         return func(*args, **(kwargs or {}))
 
@@ -211,7 +210,7 @@ def test_later_calls_on_the_same_memory_replay_the_graph(gnn: ModuleType, net: n
     nodes, edges = event(gnn, 30, 100, seed=1)
     scores = gnn.EdgeScores.allocate(100)
     model(nodes, edges, out=scores)
-    # Warmed up (two eager runs), captured, replayed once to be compared.
+    # Warmed up (eager runs), captured, replayed once to be compared.
     assert (capturer.warm_ups, capturer.captures, capturer.replays) == (1, 1, 1)
     assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
     for seed in (2, 3):
@@ -356,7 +355,7 @@ def test_an_error_while_capturing_propagates_and_leaves_the_outputs(mlp: ModuleT
 
         def forward(self, features: torch.Tensor) -> torch.Tensor:
             self.calls += 1
-            if self.calls == 3:  # after the two warm-up runs: while capturing
+            if self.calls == WARM_UP_CALLS + 1:  # after the warm-up runs: while capturing
                 raise ValueError("the model's own error")
             return features[:, :2] * 2.0
 
