@@ -4,8 +4,10 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
 - `soagen <backend>`: bind zero-copy views, run, write the outputs back (eager, torchscript, compile,
   aot, `aot columnwise`, built with `soagen compile --columnwise`, and `aot columnwise write`, also
   with `--write-outputs`, whose package stores into the output blocks; `contiguous edge`: the
-  binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`). GNN
-  bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages do;
+  binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`; on
+  CUDA only, `eager graphs` and `aot graphs`: the same bindings made with `graphs=True`, each call
+  after the first a replay of the CUDA graph captured there). GNN bindings check the edge indices'
+  range (`index_bounds`), as the example does and AOT packages do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
 - `naive torch.stack`, `naive np.stack`, `naive torch.tensor`: gather the columns into new tensors
   on the device (`torch.stack` + `.to(device)`; `np.stack` + `torch.from_numpy` + `.to(device)`;
@@ -298,13 +300,27 @@ def soagen_model(
     backend: str,
     package: Path | None,
     contiguous: tuple[str, ...] = (),
+    graphs: bool = False,
 ) -> Any:
     """The binding of a path; the schema's `indexes` clauses check index inputs at every call."""
     if backend.startswith("aot"):
         assert package is not None
-        return binding.load(package, contiguous=contiguous)
+        return binding.load(package, contiguous=contiguous, graphs=graphs)
     model = torch.jit.script(net) if backend == "torchscript" else net
-    return binding(model, backend=backend, contiguous=contiguous)
+    return binding(model, backend=backend, contiguous=contiguous, graphs=graphs)
+
+
+def graph_variants(device: str, backends: Sequence[str]) -> list[tuple[str, tuple[str, ...], bool]]:
+    """On a GPU, the eager and AOT calls again with `graphs=True` (CUDA graphs exist nowhere else)."""
+    if device == "cpu":
+        return []
+    return [(backend, (), True) for backend in ("eager", "aot") if backend in backends]
+
+
+def variant_name(backend: str, contiguous: tuple[str, ...], graphs: bool) -> str:
+    """`soagen eager`, `soagen eager contiguous features`, `soagen aot graphs`, ..."""
+    suffix = "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
+    return path_name(backend) + suffix + (" graphs" if graphs else "")
 
 
 def package_key(model: str, device: str, backend: str) -> str:
@@ -449,20 +465,20 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
 
     host_paths = {"naive np.stack": gather_numpy, "naive torch.tensor": gather_tensor}
     add_reference_paths(case, ideal, naive_torch, host_paths, naive_host, host_written, host_scores)
-    variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
+    variants: list[tuple[str, tuple[str, ...], bool]] = [(b, (), False) for b in tools.backends]
     # On a GPU the first GEMM over the column-major [n, 4] view (K = 4) cost the H100 run most of
     # eager's 1.10-1.15x at n >= 1e6: one row-major copy per call is the trade to measure. (On
     # CPU the view costs nothing: 0.98-1.07x.)
     if device != "cpu" and "eager" in tools.backends:
-        variants.append(("eager", ("features",)))
-    for backend, contiguous in variants:
+        variants.append(("eager", ("features",), False))
+    for backend, contiguous, graphs in variants + graph_variants(device, tools.backends):
         package = tools.packages.get(package_key("mlp", device, backend))
-        model = soagen_model(module.HitMlp, net, backend, package, contiguous)
+        model = soagen_model(module.HitMlp, net, backend, package, contiguous, graphs)
 
         def call(model: Any = model) -> None:
             model(hits, out=scores)
 
-        name = path_name(backend) + "".join(f" contiguous {c}" for c in contiguous)
+        name = variant_name(backend, contiguous, graphs)
         case.paths[name] = call
         case.soagen_calls[name] = call
         case.models[name] = model
@@ -593,27 +609,28 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
     add_reference_paths(
         case, ideal, naive_torch, host_paths, naive_host, lambda: host_scores.score, host_scores
     )
-    variants: list[tuple[str, tuple[str, ...]]] = [(backend, ()) for backend in tools.backends]
+    variants: list[tuple[str, tuple[str, ...], bool]] = [(b, (), False) for b in tools.backends]
     # The model's torch.cat of its [E, 32] node rows with the [E, 2] edge features makes the whole
     # call ~11% slower at E = 1e5 when those are the column-major view; one contiguous copy of
     # the edge features per call is the trade. (Node features gain nothing: the model gathers
     # rows of its own encoder output, which is row-major whatever its input.)
     for backend in ("eager", "torchscript"):
         if backend in tools.backends:
-            variants.append((backend, ("edge_features",)))
-    for backend, contiguous in variants:
+            variants.append((backend, ("edge_features",), False))
+    for backend, contiguous, graphs in variants + graph_variants(device, tools.backends):
         model = soagen_model(
             module.EdgeClassifier,
             net,
             backend,
             tools.packages.get(package_key("gnn", device, backend)),
             contiguous,
+            graphs,
         )
 
         def call(model: Any = model) -> None:
             model(nodes, edges, out=scores)
 
-        name = path_name(backend) + "".join(f" contiguous {c.split('_')[0]}" for c in contiguous)
+        name = variant_name(backend, contiguous, graphs)
         case.paths[name] = call
         case.soagen_calls[name] = call
         case.models[name] = model

@@ -17,7 +17,9 @@ expressions first: a few integer comparisons, where a mismatch would otherwise r
 
 Thread safety: AOTInductor's model container hands each call a free model instance under a mutex
 (`run_single_threaded=False`, one instance), so one runner serves any number of threads; calls on
-one device run one at a time, each using the intra-op thread pool.
+one device run one at a time, each using the intra-op thread pool. A binding with `graphs=True`
+loads the single-threaded entry point instead (`AotBackend.single_threaded`; see
+`soagen.runtime.graphs`), whose calls it makes under a lock.
 """
 
 from __future__ import annotations
@@ -372,6 +374,10 @@ class AotBackend(Backend):
         )
         specs = (*binding.INPUTS, *binding.OUTPUTS) if self.writes_outputs else binding.INPUTS
         self._check = _InputCheck(binding, specs, metadata.get("input_geometry", []))
+        # Whether runners load the package's single-threaded entry point, which records no CUDA
+        # event per call: a binding with graphs=True sets it, since an event recorded while a graph
+        # is captured cannot be queried by the next run, and it calls the runner under one lock.
+        self.single_threaded = False
 
     @property
     def index_bounds(self) -> Mapping[str, str]:
@@ -395,7 +401,7 @@ class AotBackend(Backend):
             # under its mutex), without importing torch._inductor (~1.7 s at the first load) for
             # the device checks done above.
             loader_class: typing.Any = torch._C._aoti.AOTIModelPackageLoader
-            loader = loader_class(str(self.path), PACKAGE_MODEL, False, 1, index)
+            loader = loader_class(str(self.path), PACKAGE_MODEL, self.single_threaded, 1, index)
         except Exception as error:  # a broken archive or a library that does not load here
             raise ModelLoadError(f"cannot load {self.path} on {device}: {error}") from None
         # The loader's `run` takes the flat input list and returns the flat outputs, which

@@ -148,6 +148,16 @@ class CompiledModelMismatchError(SoaRuntimeError, RuntimeError):
     written."""
 
 
+class GraphCaptureError(SoaRuntimeError, RuntimeError):
+    """A model call could not be captured into a CUDA graph (`graphs=True`): the model waits for the
+    device, or runs work a graph cannot hold. Nothing was written."""
+
+
+class GraphMismatchError(SoaRuntimeError, RuntimeError):
+    """A captured CUDA graph's first replay disagreed with the eager run of the same call: the
+    graph was discarded and the outputs left as they were."""
+
+
 class ModelLoadError(SoaRuntimeError, ValueError):
     """A model file or object cannot serve this binding: unknown kind, or built for another schema."""
 

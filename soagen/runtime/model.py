@@ -44,6 +44,7 @@ if typing.TYPE_CHECKING:
 
     from soagen.runtime.backends import Backend, CompiledGraph, Runner
     from soagen.runtime.collection import Collection
+    from soagen.runtime.graphs import CallGraphs
 
 _M = typing.TypeVar("_M", bound="ModelBinding")
 
@@ -113,6 +114,8 @@ class ModelBinding:
     SCHEMA: typing.ClassVar[str]
     INPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
     OUTPUTS: typing.ClassVar[tuple[BindingSpec, ...]]
+    # The CUDA graphs of a binding made with graphs=True (`soagen.runtime.graphs`).
+    _graphs: CallGraphs | None = None
 
     def __init__(
         self,
@@ -124,6 +127,8 @@ class ModelBinding:
         contiguous: Iterable[str] = (),
         fallback_to_eager: bool = False,
         backend_options: Mapping[str, object] | None = None,
+        graphs: bool = False,
+        graph_cache_size: int | None = None,
     ) -> None:
         """Wrap a model: an `nn.Module`, a TorchScript module, or a path to a `.pt`/`.pt2`/`.onnx`
         file.
@@ -148,6 +153,10 @@ class ModelBinding:
         With backend="compile", every call that compiles a graph also runs the eager model on
         the same inputs and raises `CompiledModelMismatchError` if they disagree;
         `fallback_to_eager=True` warns once instead and runs that device eagerly from then on.
+        `graphs=True` captures each call on CUDA collections into a CUDA graph at its first call
+        on that memory and replays it at later ones (`soagen.runtime.graphs`: what is captured,
+        the key, the checks); at most `graph_cache_size` graphs are kept (default 8), the least
+        recently used dropped first. Calls on CPU collections run as usual.
         """
         from soagen.runtime.backends import load_backend
 
@@ -229,6 +238,10 @@ class ModelBinding:
                 f"place; a contiguous copy has other strides, which it does not take. Leave "
                 f"contiguous= out, or declare `contiguous` in the schema and compile again"
             )
+        if graphs or graph_cache_size is not None:
+            from soagen.runtime.graphs import call_graphs
+
+            self._graphs = call_graphs(self, graphs, graph_cache_size)
 
     @classmethod
     def load(
@@ -240,10 +253,13 @@ class ModelBinding:
         index_bounds: Mapping[str, str | None] | None = None,
         contiguous: Iterable[str] = (),
         backend_options: Mapping[str, object] | None = None,
+        graphs: bool = False,
+        graph_cache_size: int | None = None,
     ) -> _M:
         """Load a model file: TorchScript (`.pt`), an AOTInductor package (`.pt2`) built by
         `soagen compile`, which is refused if it was built for another schema or layout, or an
-        ONNX model (`.onnx`), whose inputs and outputs are checked against the schema's."""
+        ONNX model (`.onnx`), whose inputs and outputs are checked against the schema's.
+        `graphs`, `graph_cache_size`: CUDA graphs, as for the constructor."""
         return cls(
             path,
             backend=backend,
@@ -251,6 +267,8 @@ class ModelBinding:
             index_bounds=index_bounds,
             contiguous=contiguous,
             backend_options=backend_options,
+            graphs=graphs,
+            graph_cache_size=graph_cache_size,
         )
 
     @classmethod
@@ -330,9 +348,12 @@ class ModelBinding:
         """Release the runners placed on the devices the model ran on (its copies on GPUs,
         TorchScript modules and AOTInductor packages loaded there); a later call places it again.
         `torch.compile`'s code stays in torch's own cache. A remote binding closes its connection
-        for good. `with Model(...) as model:` closes it at the end of the block."""
+        for good. A binding made with graphs=True drops its CUDA graphs. `with Model(...) as
+        model:` closes it at the end of the block."""
         with self._plans_lock:
             self._plans.clear()  # they hold the runners
+        if self._graphs is not None:
+            self._graphs.clear()
         self._backend.release()
 
     def __enter__(self: _M) -> _M:
@@ -426,6 +447,10 @@ class ModelBinding:
                 )
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
+        if self._graphs is not None and device.type == self._graphs.device_type:
+            # graphs=True: this call is replayed from, or captured into, a CUDA graph.
+            self._graphs.call(inputs, outputs, device, stream, batch_size)
+            return
         if stream is None and batch_size is None:
             # The common call, without a context manager; the next one with these collections
             # runs its plan, skipping every check above.
@@ -902,14 +927,50 @@ def _index_message(cls: type[ModelBinding], index_name: str, bound_name: str, bo
 
 
 def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
-    """Queue the range check on the indices' device: one reduction over them (a min/max pair, not
-    four passes of comparisons and their temporaries), then an assert on two scalars."""
+    """Queue the range check on the indices' device, with no host wait: one reduction over them,
+    then as few ops on its result as the dtype allows with ops CPU has too (it runs this code in
+    tests, where `_assert_async` raises at once; torch's CPU kernels have no max or comparison of
+    uint16/32/64). Inside a CUDA graph each op is a node, each replay checking the indices anew.
+
+    - 8-bit: the largest value seen as uint8 (a negative int8 is 128 or more), one comparison, the
+      assert: 3 ops; none for uint8 indices into 256 elements or more, all of which are in range.
+    - A bound past the largest value of a signed type (int16 indices into 40k nodes): only the
+      sign can be wrong, the smallest value compared with 0: 3 ops.
+    - Otherwise min and max in one pass, two comparisons, their conjunction, the assert: 5 ops.
+      uint16/32/64 indices into at most half their range are seen as the signed type of their
+      width (no copy): a value past half the range turns negative, out of range either way. Past
+      half the range, uint16/32 are widened to int64 (a copy) and only their maximum compared.
+    """
     import torch
 
-    if indices.numel() == 0:  # aminmax has no identity
+    if indices.numel() == 0:  # the reductions have no identity
         return
-    low, high = _device_extremes(indices)
+    message = message[:_ASSERT_MESSAGE_MAX]
+    bits = 8 * indices.element_size()
+    half = 1 << (bits - 1)
+    if bits == 8:
+        limit = min(bound, 1 << 8 if indices.dtype == torch.uint8 else half)
+        if limit == 1 << 8:
+            return
+        torch._assert_async(indices.view(torch.uint8).amax() < limit, message)
+        return
+    if not indices.dtype.is_signed:
+        if bound >= 1 << bits:
+            return
+        if bound > half and bits < 64:
+            torch._assert_async(indices.to(torch.int64).amax() < bound, message)
+            return
+        # A bound past 2**63 (no buffer holds that many elements) is checked as 2**63.
+        indices = indices.view(getattr(torch, f"int{bits}"))
+    if bound >= half:
+        torch._assert_async(indices.amin() >= 0, message)
+        return
+    low, high = torch.aminmax(indices)
     torch._assert_async(torch.logical_and(low >= 0, high < bound), message)
+
+
+# The longest message torch's CUDA `_assert_async` takes (it refuses longer ones).
+_ASSERT_MESSAGE_MAX = 254
 
 
 def _device_extremes(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -516,6 +516,93 @@ def test_the_queued_index_check_refuses_exactly_the_out_of_range_values(dtype: t
         _queue_index_check(wrapped, 10, "out of range")
 
 
+# Each integer dtype, and values at the edges of every range the queued check treats apart: the
+# dtype's extremes, the half range (where unsigned values turn negative seen as signed), and the
+# bounds' neighbours.
+_EDGE_VALUES = (0, 1, 2, 126, 127, 128, 129, 255, 256, 32_767, 32_768, 65_535, 65_536)
+_EDGE_VALUES += (2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1)
+_EDGE_BOUNDS = (0, 1, 2, 127, 128, 129, 255, 256, 257, 32_767, 32_768, 32_769, 65_535, 65_536)
+_EDGE_BOUNDS += (65_537, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63)
+_INDEX_DTYPES = [
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+]
+
+
+@pytest.mark.parametrize("dtype", _INDEX_DTYPES)
+def test_the_queued_index_check_is_exact_at_every_edge_of_every_dtype(dtype: torch.dtype) -> None:
+    # One value at a time in a transposed (strided) view among zeros, against every bound: it
+    # passes exactly when 0 <= value < bound. Bounds past a dtype's range included: int16 indices
+    # into 40k nodes are all valid, and were refused once the bound wrapped around in the dtype.
+    from soagen.runtime.model import _queue_index_check
+
+    info = torch.iinfo(dtype)
+    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *_EDGE_VALUES})
+    for value in [v for v in values if info.min <= v <= info.max]:
+        indices = torch.zeros(3, 2, dtype=dtype)
+        if value > torch.iinfo(torch.int64).max:
+            indices[1, 0] = torch.tensor(value - 2**64).view(dtype)
+        else:
+            indices[1, 0] = value
+        for bound in _EDGE_BOUNDS:
+            valid = 0 <= value < bound
+            try:
+                _queue_index_check(indices.t(), bound, "out of range")
+            except RuntimeError as error:
+                assert "out of range" in str(error)
+                assert not valid, (value, bound)
+            else:
+                assert valid or (dtype == torch.uint64 and bound > 2**63), (value, bound)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bound", "budget"),
+    [
+        (torch.int64, 1_000, 5),
+        (torch.int32, 1_000, 5),
+        (torch.uint16, 1_000, 5),
+        (torch.uint32, 1_000, 5),
+        (torch.uint64, 1_000, 5),
+        (torch.int16, 40_000, 3),
+        (torch.int8, 100, 3),
+        (torch.uint8, 100, 3),
+        (torch.uint8, 300, 0),
+    ],
+)
+def test_the_queued_index_check_runs_few_ops_and_copies_nothing(
+    dtype: torch.dtype, bound: int, budget: int
+) -> None:
+    # Each op is a kernel on a GPU (a node in a CUDA graph). The code is the same on CPU, where a
+    # dispatch mode lists the ops the call dispatches (as torch.profiler does, whose first use
+    # costs seconds); views launch nothing and are not counted. No dtype converts the indices (a
+    # copy of all of them) unless its bound needs it.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from soagen.runtime.model import _queue_index_check
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if not func.is_view:
+                self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    indices = torch.zeros(2, 1_000, dtype=dtype)
+    with Ops() as ops:
+        _queue_index_check(indices, bound, "out of range")
+    assert len(ops.names) == budget, ops.names
+    assert not [name for name in ops.names if name in ("aten._to_copy", "aten.copy_")], ops.names
+
+
 @pytest.mark.parametrize(("dtype", "bound"), [(torch.int8, 300), (torch.int16, 70_000)])
 def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
     dtype: torch.dtype, bound: int

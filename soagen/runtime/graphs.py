@@ -1,0 +1,478 @@
+"""CUDA graphs of whole model calls: `EdgeClassifier(net, graphs=True)`.
+
+A binding made with `graphs=True` captures a call on CUDA collections into one CUDA graph and, at
+later calls on the same memory, replays it: one launch instead of the call's Python and one launch
+per kernel. The graph holds the whole call a plain one makes (`ModelBinding._execute`): the input
+views, the index range check (queued on the device, so each replay checks the indices the buffers
+hold then), the model, and the copy of each output into its output block. Calls on collections
+elsewhere (CPU) run as usual.
+
+Key. A graph reads and writes the addresses it was captured with, and every size and index bound
+of that call is baked into it, so it serves only calls whose collections lie where those did: the
+key is the caller's current stream (see Memory) and, for each input and output binding in schema
+order, the collection's class, its buffer's address, its capacity and its element range (a slice's
+start and size). Another buffer, another size or another slice is another key, captured at its first
+call. The address decides, not the buffer object: a collection freed and a new one allocated at the
+same address, of the same class and size, has the same views, which the graph reads correctly.
+
+First call of a key, under a process-wide lock: the call runs eagerly three times (as many warm-up
+runs as `torch.cuda.make_graphed_callables` makes by default) on a side stream (the stream the
+capture will use, so the handles and workspaces torch makes per stream exist before it) into
+scratch output collections of the same geometry, with every check a plain call makes (a model that
+writes its inputs raises `InputModifiedError` here, before anything is captured: version counters
+do not move when a graph replays). The first run places the model (and compiles it with
+backend="compile"); TorchScript's profiling executor optimizes at the second and may fuse kernels
+for a new shape a run later: the capture should record only what later calls run. The call is then
+captured on that side stream, in thread-local capture mode (other threads' CUDA calls do not
+invalidate it), replayed once on the caller's stream, and its outputs compared with the eager ones
+within the tolerances of `soagen.runtime.agreement` (exact for integers; rtol 1e-3 and atol 1e-4
+for float32). Not bitwise: models that sum with atomics (the example GNN's `scatter_reduce` on
+CUDA) differ in the last bits from run to run, while what a bad capture gives (values baked in at
+capture, memory read after it was reused) is wrong by far more. A disagreement raises
+`GraphMismatchError`, naming the output, puts the outputs back as they were and drops the graph; a
+capture that fails (a model that waits for the device: `.item()`, `if` on a tensor, shapes that
+depend on values) raises `GraphCaptureError`, outputs untouched.
+
+AOT packages run through AOTInductor's single-threaded entry point (`AotBackend.single_threaded`):
+the thread-aware one records a CUDA event at each run and queries it at the next, and an event
+recorded during a capture cannot be queried. The binding calls a package only under the lock.
+
+Later calls of a key: the key, the model's training flag (a module back in training mode goes to
+the eager run, which refuses it as a plain call does, instead of being replayed in eval mode), and
+`graph.replay()`.
+
+Memory: each binding keeps at most `graph_cache_size` graphs (8 by default), the least recently
+used dropped first; a dropped graph is destroyed once no call is replaying it. All graphs captured
+for one stream of one GPU (every binding's) share one memory pool: their intermediates reuse the
+same memory, which is safe because calls on one stream run one after another. Pool memory a dropped
+graph held is reused by later captures for that stream, and the pool goes back to torch's allocator
+with the last graph using it (`close()` drops a binding's graphs).
+
+What a replay does not see: what the call read on the host when it was captured. A module whose
+parameters are replaced rather than updated in place (`module.weight = ...`, where
+`load_state_dict` copies into them) is replayed with the old ones: `close()` the binding after such
+a change. Random numbers, and host values or Python state that differ from call to call, make the
+first replay disagree with the eager run (`GraphMismatchError`); a change that comes only after
+that check is not seen.
+
+Refused: backends whose work does not run on the caller's torch stream (ONNX Runtime; remote
+bindings), at construction; `batch_size=` at the call (its slices are staged in collections made per
+call, a new key each time: nothing would be replayed). `protect_inputs=True` is captured with the
+rest: the copies are made inside the graph at each replay.
+"""
+
+from __future__ import annotations
+
+import threading
+import typing
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+
+from soagen.runtime.agreement import first_disagreement
+from soagen.runtime.errors import (
+    BindingError,
+    GraphCaptureError,
+    GraphMismatchError,
+    SoaRuntimeError,
+)
+from soagen.runtime.model import _on_stream
+
+if typing.TYPE_CHECKING:
+    import torch
+
+    from soagen.runtime.aot import AotBackend
+    from soagen.runtime.collection import Collection
+    from soagen.runtime.model import ModelBinding
+
+_T = typing.TypeVar("_T")
+
+DEFAULT_CACHE_SIZE = 8
+# Backends whose calls are torch work on the caller's current stream, which a capture records.
+CAPTURABLE = ("eager", "torchscript", "compile", "aot")
+# Why the others cannot be captured.
+_NOT_CAPTURABLE = {
+    "onnxruntime": (
+        "ONNX Runtime launches its kernels on a CUDA stream of its own, outside the torch stream a "
+        "capture records (its own CUDA graphs need inputs bound at fixed addresses for the "
+        "session's life)"
+    ),
+    "remote": (
+        "its calls are requests the server answers, which runs the model there: there are no "
+        "kernels here to capture"
+    ),
+}
+# Eager runs of a call before it is captured (see the module documentation).
+WARM_UP_CALLS = 3
+# One capture at a time in the process: torch's allocator and the shared pools expect it.
+_capture_lock = threading.RLock()
+
+
+class Replayable(typing.Protocol):
+    """A captured call."""
+
+    def replay(self) -> None: ...
+
+
+class Capturer(typing.Protocol):
+    """Where graphs are captured and replayed: CUDA (`CudaCapturer`), or a test's double."""
+
+    # The device type whose calls are captured; others run as usual.
+    device_type: str
+
+    def stream(self, device: torch.device) -> Hashable:
+        """The caller's current stream on `device`, as part of a key."""
+        ...
+
+    def warm_up(self, device: torch.device, stream: Hashable, run: Callable[[], _T]) -> _T:
+        """Run `run` eagerly where captures for `stream` are made; the caller's stream waits
+        for it."""
+        ...
+
+    def capture(
+        self, device: torch.device, stream: Hashable, run: Callable[[], object]
+    ) -> Replayable:
+        """Capture `run` into a graph that replays on `stream`; raises what `run` or the capture
+        raised."""
+        ...
+
+
+def call_graphs(binding: ModelBinding, graphs: object, cache_size: object) -> CallGraphs | None:
+    """The graphs of a binding made with `graphs=True`, None for `graphs=False`; refuses at once
+    what is known to be impossible."""
+    cls = type(binding)
+    if not isinstance(graphs, bool):
+        raise ValueError(f"graphs must be True or False, got {graphs!r}")
+    if cache_size is not None and (
+        isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1
+    ):
+        raise ValueError(f"graph_cache_size must be a positive integer, got {cache_size!r}")
+    if not graphs:
+        if cache_size is not None:
+            raise BindingError(
+                "graph_cache_size bounds the CUDA graphs a binding made with graphs=True keeps; "
+                "pass graphs=True with it, or leave it out"
+            )
+        return None
+    backend = binding._backend
+    why = _NOT_CAPTURABLE.get(backend.kind)
+    if why is None and backend.kind not in CAPTURABLE:
+        why = f"soagen does not know whether backend kind {backend.kind!r} runs on the caller's stream"
+    if why is not None:
+        raise BindingError(
+            f"graphs=True: {cls.NAME} runs {backend.description} ({backend.kind}), which cannot "
+            f"be captured into a CUDA graph: {why}. Create the binding with graphs=False"
+        )
+    if backend.kind == "aot":
+        typing.cast("AotBackend", backend).single_threaded = True
+    return CallGraphs(binding, cuda_capturer(), cache_size or DEFAULT_CACHE_SIZE)
+
+
+class CallGraphs:
+    """The graphs of one binding's calls, by key (see the module documentation)."""
+
+    def __init__(self, binding: ModelBinding, capturer: Capturer, cache_size: int) -> None:
+        from soagen.runtime.backends import CompileBackend, EagerBackend
+
+        self._binding = binding
+        self._capturer = capturer
+        self.device_type = capturer.device_type
+        self.cache_size = cache_size
+        self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        cls = type(binding)
+        self._input_names = tuple(spec.name for spec in cls.INPUTS)
+        self._output_names = tuple(spec.name for spec in cls.OUTPUTS)
+        backend = binding._backend
+        self._module = (
+            backend.module if isinstance(backend, EagerBackend | CompileBackend) else None
+        )
+
+    def __len__(self) -> int:
+        """Graphs kept now."""
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        """Drop every graph; each is destroyed once no call is replaying it."""
+        self._graphs.clear()
+
+    def call(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+        stream: object | None,
+        batch_size: int | None,
+    ) -> None:
+        """`ModelBinding.run` for collections on `device_type`, checked as a plain call is up to
+        where it runs the model."""
+        if batch_size is not None:
+            raise BindingError(
+                f"batch_size: {type(self._binding).NAME} was created with graphs=True, which "
+                f"captures whole calls; the slices of a batched call are staged in collections "
+                f"made per call, new memory each time, so no graph would ever be replayed. Call "
+                f"it without batch_size, or create the binding with graphs=False"
+            )
+        if stream is None:
+            self._call(inputs, outputs, device)
+            return
+        with _on_stream(stream, device):
+            self._call(inputs, outputs, device)
+
+    def _call(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> None:
+        # What `ModelBinding.run` checked before handing the call here holds for a replay as for
+        # a plain call: names and layouts, one device, writable outputs, `same n as` sizes.
+        # Left to check per call, each for a reason:
+        # - every output empty: a plain call runs nothing then, and neither is anything captured;
+        for collection in outputs.values():
+            if collection.size:
+                break
+        else:
+            return
+        # - the key: the graph holds the addresses, sizes and index bounds of its first call and
+        #   replays on its stream's memory pool; a collection's address, not its buffer object,
+        #   is compared (`_placement`);
+        key = self._key(inputs, outputs, device)
+        graph = self._graphs.get(key)
+        # - the module's training flag: a replay would run eval-mode kernels where a plain call
+        #   refuses the module (the eager run of a capture refuses it the same way).
+        if graph is not None and (self._module is None or not self._module.training):
+            try:
+                self._graphs.move_to_end(key)
+            except KeyError:  # dropped meanwhile by another thread's capture: still ours to run
+                pass
+            graph.replay()
+            return
+        with _capture_lock:
+            graph = self._graphs.get(key)  # another thread may have captured it meanwhile
+            if graph is not None and (self._module is None or not self._module.training):
+                graph.replay()
+                return
+            self._capture(key, inputs, outputs, device)
+
+    def _key(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> tuple[Hashable, ...]:
+        return (
+            self._capturer.stream(device),
+            *[_placement(inputs[name]) for name in self._input_names],
+            *[_placement(outputs[name]) for name in self._output_names],
+        )
+
+    def _capture(
+        self,
+        key: tuple[Hashable, ...],
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> None:
+        """Warm up, capture, replay once and compare; keep the graph if it agrees."""
+        binding, capturer = self._binding, self._capturer
+        cls = type(binding)
+        stream = key[0]
+        output_blocks = binding._output_blocks
+        targets = [outputs[name].block(block) for name, block in output_blocks]
+
+        def run_eagerly() -> list[torch.Tensor]:
+            # Scratch outputs of the same geometry, made on the stream these runs use: the
+            # caller's outputs are written by a checked graph or not at all.
+            scratch = _scratch_outputs(outputs, device)
+            expected = [scratch[name].block(block) for name, block in output_blocks]
+            for _ in range(WARM_UP_CALLS):
+                binding._execute(inputs, outputs, device, expected)
+            return expected
+
+        expected = capturer.warm_up(device, stream, run_eagerly)
+        # Held with the graph: the module's copy on this device, a loaded package (the weights
+        # its replays read), whatever `close()` or the backend would otherwise drop.
+        runner = binding._backend.on(device)
+        try:
+            graph = capturer.capture(
+                device, stream, lambda: binding._execute(inputs, outputs, device, targets)
+            )
+        except SoaRuntimeError:
+            raise
+        except (
+            RuntimeError
+        ) as error:  # torch's CUDA errors; the model's own errors pass as they are
+            lines = str(error).strip().splitlines()
+            raise GraphCaptureError(
+                f"{cls.NAME}: {binding._backend.description} on {device} cannot be captured into "
+                f"a CUDA graph: {type(error).__name__}: {lines[0] if lines else ''}. A model that "
+                f"waits for the GPU during its call (.item(), .tolist(), .cpu(), bool() or `if` on "
+                f"a tensor, printing one, shapes that depend on values such as nonzero() or "
+                f"boolean-mask indexing) cannot be; nothing was written. Create the binding with "
+                f"graphs=False"
+            ) from error
+        held = [target.clone() for target in targets]
+        graph.replay()
+        found = first_disagreement(self._output_names, targets, expected)
+        if found is not None:
+            for target, before in zip(targets, held, strict=True):
+                target.copy_(before)
+            sizes = ", ".join(f"{name} n={inputs[name].size}" for name in self._input_names)
+            raise GraphMismatchError(
+                f"{cls.NAME}: the CUDA graph captured for this call ({sizes}) disagrees with the "
+                f"eager run of the same call on output {found.output!r}: {found.detail}. The graph "
+                f"was dropped and the outputs left as they were. A replay repeats what the call "
+                f"did when it was captured: a model whose work depends on host values, Python "
+                f"state or random numbers differs. Create the binding with graphs=False"
+            )
+        self._graphs[key] = _Graph(graph, runner)
+        while len(self._graphs) > self.cache_size:
+            self._graphs.popitem(last=False)
+
+
+class _Graph:
+    """A captured call and what its replays read that must not be freed before it."""
+
+    __slots__ = ("_held", "replay")
+
+    def __init__(self, graph: Replayable, runner: object) -> None:
+        self.replay = graph.replay
+        self._held = (graph, runner)
+
+
+def _placement(collection: Collection) -> Hashable:
+    """Where a collection's views lie: its class (the geometry), buffer address, capacity and
+    element range. Whether the buffer is the object the graph was captured with does not matter:
+    another buffer at the same address, of the same class and capacity, has the same views."""
+    return (
+        type(collection),
+        collection._memory.buffer.data_ptr(),
+        collection.capacity,
+        collection.element_range,
+    )
+
+
+def _scratch_outputs(
+    outputs: Mapping[str, Collection], device: torch.device
+) -> dict[str, Collection]:
+    """A new collection per output collection, its views of the same geometry (a slice of a new
+    buffer of the same capacity for a slice)."""
+    made: dict[int, Collection] = {}
+    for collection in outputs.values():
+        if id(collection) not in made:
+            start, stop = collection.element_range
+            whole = type(collection).allocate(collection.capacity, device)
+            made[id(collection)] = whole.slice(start, stop)
+    return {name: made[id(collection)] for name, collection in outputs.items()}
+
+
+class CudaCapturer:
+    """Graphs on CUDA. For each GPU and caller's stream: one side stream, where warm-ups and
+    captures run (a capture needs a stream other than the legacy default one, and torch's pools
+    share memory best between captures made on one stream), and one memory pool shared by every
+    graph captured for that stream (see the module documentation). Used under `_capture_lock`,
+    but for `stream`."""
+
+    device_type = "cuda"
+
+    def __init__(self) -> None:
+        self._sides: dict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = {}
+        # The raw handle of a GPU's current stream: what Inductor's generated code asks torch
+        # for, without a Stream object per call (looked up at the first call: CUDA builds only).
+        self._raw_stream: Callable[[int], int] | None = None
+
+    def stream(self, device: torch.device) -> Hashable:
+        raw_stream = self._raw_stream
+        if raw_stream is None:
+            import torch
+
+            raw_stream = self._raw_stream = torch._C._cuda_getCurrentRawStream
+        index = device.index
+        if index is None:  # collections' buffers name their GPU; a bare "cuda" is the current one
+            import torch
+
+            index = torch.cuda.current_device()
+        return index, raw_stream(index)
+
+    def _side(self, stream: Hashable) -> tuple[torch.cuda.Stream, typing.Any]:
+        found = self._sides.get(stream)
+        if found is None:
+            import torch
+
+            index = typing.cast("tuple[int, int]", stream)[0]
+            side = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
+            found = (side, torch.cuda.graph_pool_handle())
+            self._sides[stream] = found
+        return found
+
+    def warm_up(self, device: torch.device, stream: Hashable, run: Callable[[], _T]) -> _T:
+        import torch
+
+        side, _ = self._side(stream)
+        current = torch.cuda.current_stream(device)
+        side.wait_stream(current)  # the inputs as the caller's stream leaves them
+        try:
+            with torch.cuda.stream(side):
+                return run()
+        finally:
+            current.wait_stream(side)
+
+    def capture(
+        self, device: torch.device, stream: Hashable, run: Callable[[], object]
+    ) -> Replayable:
+        import torch
+
+        side, pool = self._side(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                run()
+            except BaseException:
+                _abandon(graph, typing.cast("tuple[int, int]", stream)[0], pool, end=True)
+                raise
+            try:
+                graph.capture_end()
+            except BaseException:
+                _abandon(graph, typing.cast("tuple[int, int]", stream)[0], pool, end=False)
+                raise
+        return graph
+
+
+def _abandon(graph: torch.cuda.CUDAGraph, index: int, pool: typing.Any, *, end: bool) -> None:
+    """Leave a capture that failed: end it on the stream (where `end`), then undo what torch's
+    `capture_end` leaves undone when ending fails (a capture a host wait invalidated fails to end):
+    its allocator would go on counting a capture under way into `pool` (which
+    `torch.cuda.empty_cache()` then refuses) and the pool as used by this graph. Errors here add
+    nothing to the one being raised."""
+    import torch
+
+    if end:
+        try:
+            graph.capture_end()
+        except Exception:
+            pass
+    try:
+        graph.pool()  # torch counts the capture as ended: the graph releases the pool as it goes
+        return
+    except Exception:
+        pass
+    for undo in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+        try:
+            undo(index, pool)
+        except Exception:  # already done by the part of capture_end that ran
+            pass
+
+
+_cuda_capturer: CudaCapturer | None = None
+
+
+def cuda_capturer() -> CudaCapturer:
+    """The process's capturer: graphs of every binding share its pools."""
+    global _cuda_capturer
+    with _capture_lock:
+        if _cuda_capturer is None:
+            _cuda_capturer = CudaCapturer()
+        return _cuda_capturer
+
+
+__all__ = ["CallGraphs", "Capturer", "CudaCapturer", "Replayable", "call_graphs", "cuda_capturer"]
