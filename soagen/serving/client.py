@@ -703,11 +703,13 @@ class RemoteBinding(ModelBinding):
                 self.cuda_shared_memory_refusal = f"{server.url}: {text}"
                 return False
             if self.shared_memory_requested:
-                hint = (
-                    "pass access_token=, the server's token (`soagen serve --token-file`)"
-                    if "restricted" in text
-                    else "is the server on this host, in the same IPC namespace?"
-                )
+                if "restricted" in text:
+                    hint = "pass access_token=, the server's token (`soagen serve --token-file`)"
+                elif "load balancer" in text:
+                    # deploy/'s balancers refuse every call a server must take directly.
+                    hint = "a load balancer refused it: shared memory needs a direct connection"
+                else:
+                    hint = "is the server on this host, in the same IPC namespace?"
                 raise RemoteConfigurationError(
                     f"{type(self).NAME}: the server at {server.url} refused shared memory "
                     f"({hint}): {text}"

@@ -174,7 +174,7 @@ def test_per_server_calls_are_refused_and_shared_memory_is_not_used(
         _call(remote, local, (40, 80), 1)
         assert not remote.uses_shared_memory and remote.stats.bytes_shared == 0
     with EdgeClassifier.remote(balancer.url, access_token=token, shared_memory=True) as remote:
-        with pytest.raises(RemoteConfigurationError, match="refused shared memory"):
+        with pytest.raises(RemoteConfigurationError, match="a load balancer refused it"):
             _call(remote, local, (40, 80), 1)
 
 
