@@ -15,31 +15,13 @@ from torch import nn
 
 from soagen.runtime.model import IndexRangeError, InputModifiedError, OutputError
 from tests.helpers import generate_package, import_generated
-
-SCHEMA = """
-layout Points {
-    column float32 x, y, z
-    column int64 label
-}
-layout Scores {
-    column float32 a, b
-}
-model Mlp {
-    input points = Points{x, y, z} as [n, c]
-    output scores = Scores{a, b} as [n, c]
-}
-model Neighbours {
-    input points = Points{x, y, z} as [n, c]
-    input neighbour = Points{label} as [n] indexes points
-    output scores = Scores{a, b} as [n, c]
-}
-"""
+from tests.runtime.test_model import MLP_SCHEMA
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = tmp_path_factory.mktemp("plans")
-    (root / "plans.soa").write_text(SCHEMA)
+    (root / "plans.soa").write_text(MLP_SCHEMA)
     generate_package(root / "plans.soa", root, "pkg_plans")
     return import_generated(root, "pkg_plans", "plans")
 
