@@ -215,6 +215,9 @@ class ModelBinding:
         # ones override `_execute`) make none.
         self._plans: dict[tuple[int, ...], _CallPlan] = {}
         self._plans_lock = threading.Lock()
+        # Collections called once, held weakly: a plan is made at their second call, so that
+        # events that each bring new collection objects do not pay for plans never used again.
+        self._called_once: dict[tuple[int, ...], tuple[weakref.ref[Collection], ...]] = {}
         self._makes_plans = (
             type(self)._execute is ModelBinding._execute
             and type(self)._evaluate is ModelBinding._evaluate
@@ -455,9 +458,10 @@ class ModelBinding:
             # The common call, without a context manager; the next one with these collections
             # runs its plan, skipping every check above.
             if self._makes_plans and in_order and not self.protect_inputs:
-                self._run_plan(self._plan(collections, inputs, outputs, device), inputs)
-            else:
-                self._run_once(inputs, outputs, device)
+                if self._called_before(collections):
+                    self._run_plan(self._plan(collections, inputs, outputs, device), inputs)
+                    return
+            self._run_once(inputs, outputs, device)
             return
         if batch_size is not None and len(self._whole_inputs) == len(cls.INPUTS):
             raise BindingError(
@@ -499,6 +503,20 @@ class ModelBinding:
                 )
             for name, block in self._output_blocks:
                 outputs[name].block(block).copy_(staged[name].block(block))
+
+    def _called_before(self, collections: tuple[Collection, ...]) -> bool:
+        """Whether these very collections (not others that took their ids) were called with
+        before; remembers them if not."""
+        key = tuple(map(id, collections))
+        seen = self._called_once.get(key)
+        if seen is not None and all(
+            ref() is collection for ref, collection in zip(seen, collections, strict=True)
+        ):
+            return True
+        if len(self._called_once) >= 2 * _PLANS_PER_BINDING:
+            self._called_once.clear()  # a few events' worth: what a plan would serve is recent
+        self._called_once[key] = tuple(map(weakref.ref, collections))
+        return False
 
     def _plan(
         self,

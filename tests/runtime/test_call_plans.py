@@ -61,6 +61,8 @@ def test_a_repeated_call_runs_its_plan_and_sees_new_values(module) -> None:  # t
     model = module.Mlp(net)
     points, scores = _points(module, 50), module.Scores.allocate(50)
     model(points, out=scores)
+    assert not model._plans  # made at the second call with these collections
+    model(points, out=scores)
     (plan,) = model._plans.values()
     points.x.mul_(3.0)  # new values in the same buffer
     model(points, out=scores)
@@ -73,6 +75,8 @@ def test_a_plan_leaves_with_its_collections_and_keeps_no_buffer_alive(module) ->
     model = module.Mlp(Linear())
     points, scores = _points(module, 20), module.Scores.allocate(20)
     model(points, out=scores)
+    model(points, out=scores)
+    assert model._plans
     collection = weakref.ref(points)
     del points
     gc.collect()
@@ -98,6 +102,8 @@ def test_index_values_are_checked_on_every_planned_call(module) -> None:  # type
     model = module.Neighbours(Gather())
     points, scores = _points(module, 30), module.Scores.allocate(30)
     model(points, out=scores)
+    model(points, out=scores)
+    assert model._plans
     before = scores.a.clone()
     points.label[7] = 30  # one past the last point
     with pytest.raises(IndexRangeError, match=r"outside \[0, 30\)"):
@@ -133,13 +139,14 @@ def test_a_model_that_reshapes_its_input_in_place_leaves_later_calls_right(modul
 
         def forward(self, points: torch.Tensor) -> torch.Tensor:
             self.calls += 1
-            if self.calls == 2:
+            if self.calls == 3:
                 points.t_()  # the plan's view, changed in place
                 points.t_()
             return points[:, :2] * 1.0
 
     model = module.Mlp(TransposesOnce())
     points, scores = _points(module, 16), module.Scores.allocate(16)
+    model(points, out=scores)
     model(points, out=scores)
     (plan,) = model._plans.values()
     view = plan.views[0]
@@ -179,7 +186,9 @@ def test_names_in_another_order_bind_the_right_collections(module) -> None:  # t
     expected = scores.a.clone()
     # A plan for the same collections in the other roles: a mapping in the other order lists
     # them in the order of its key.
-    model.run({"points": second, "neighbour": first}, {"scores": scores})
+    for _ in range(2):
+        model.run({"points": second, "neighbour": first}, {"scores": scores})
+    assert model._plans
     assert not torch.equal(scores.a, expected)
     model.run({"neighbour": second, "points": first}, {"scores": scores})
     assert torch.equal(scores.a, expected)
@@ -191,6 +200,8 @@ def test_a_plan_made_inside_inference_mode_writes_outside_it(module) -> None:  #
     points, scores = _points(module, 8), module.Scores.allocate(8)
     with torch.inference_mode():
         model(points, out=scores)
+        model(points, out=scores)
+    assert model._plans
     points.y.add_(1.0)
     model(points, out=scores)  # the plan's output views are normal tensors
     torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
@@ -212,6 +223,7 @@ def test_a_plan_made_inside_inference_mode_writes_outside_it(module) -> None:  #
     other = module.Mlp(net_writing)
     with torch.inference_mode():
         other(points, out=scores)
+        other(points, out=scores)
     net_writing.writes = True
     other(points, out=scores)
 
@@ -221,6 +233,8 @@ def test_close_drops_the_plans_and_a_later_call_places_the_model_again(module) -
     model = module.Mlp(net)
     points, scores = _points(module, 8), module.Scores.allocate(8)
     model(points, out=scores)
+    model(points, out=scores)
+    assert model._plans
     model.close()
     assert not model._plans and not model._backend.devices
     model(points, out=scores)
@@ -274,6 +288,7 @@ def test_an_onnx_plan_reuses_its_input_views_and_sees_new_values(module, tmp_pat
     model = module.Mlp.load(path)
     points, scores = _points(module, 24), module.Scores.allocate(24)
     model(points, out=scores)
+    model(points, out=scores)
     (plan,) = model._plans.values()
     assert plan.in_inference_mode is None  # plain views: ONNX Runtime moves no version counter
     view = plan.views[0]
@@ -282,3 +297,16 @@ def test_an_onnx_plan_reuses_its_input_views_and_sees_new_values(module, tmp_pat
     (again,) = model._plans.values()
     assert again.views[0] is view
     torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_new_collections_for_each_event_make_no_plan(module) -> None:  # type: ignore[no-untyped-def]
+    """Events that each bring new collection objects (ids freed by the last event are often taken
+    by the next one's) run without plans, which they would never use again."""
+    net = Linear()
+    model = module.Mlp(net)
+    for seed in range(20):
+        points, scores = _points(module, 16, seed=seed), module.Scores.allocate(16)
+        model(points, out=scores)
+        torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+        assert not model._plans
+        del points, scores
