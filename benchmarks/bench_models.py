@@ -1972,17 +1972,26 @@ def main(argv: list[str] | None = None) -> int:
     log("generation latency and import time ...")
     report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
     if not args.no_memory and "cpu" in devices:
-        report["memory"] = {}
-        for model in models:
-            log(f"peak memory of {model} (subprocess) ...")
-            n = min(memory_n[model], max(model_sizes[model], default=memory_n[model]))
-            report["memory"][model] = probe_in_subprocess(
-                "memory probe",
-                ["--memory-probe", f"{model}:{n}"],
-                backends,
-                tools.packages,
-                {k: v for k, v in onnx_files.items() if k.split()[0] == model},
-            )
+        import concurrent.futures
+
+        # Side by side: each probe reads its own process's peak, which the other does not move.
+        log(f"peak memory of {', '.join(models)} (a subprocess each) ...")
+        with concurrent.futures.ThreadPoolExecutor(min(2, len(models) or 1)) as pool:
+            probes = {
+                model: pool.submit(
+                    probe_in_subprocess,
+                    "memory probe",
+                    [
+                        "--memory-probe",
+                        f"{model}:{min(memory_n[model], max(model_sizes[model], default=memory_n[model]))}",
+                    ],
+                    backends,
+                    tools.packages,
+                    {k: v for k, v in onnx_files.items() if k.split()[0] == model},
+                )
+                for model in models
+            }
+            report["memory"] = {model: probe.result() for model, probe in probes.items()}
     if not args.no_malloc_comparison and "cpu" in devices:
         report["malloc_tuning"] = malloc_comparison(
             [f"{model}:{n}" for model in models for n in malloc_sizes],
