@@ -16,6 +16,7 @@ from torch import nn
 from soagen.runtime.model import IndexRangeError, InputModifiedError, OutputError
 from tests.helpers import generate_package, import_generated
 from tests.runtime.test_model import MLP_SCHEMA
+from tests.runtime.test_model import Linear32 as Linear
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +25,6 @@ def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     (root / "plans.soa").write_text(MLP_SCHEMA)
     generate_package(root / "plans.soa", root, "pkg_plans")
     return import_generated(root, "pkg_plans", "plans")
-
-
-class Linear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 2)
-
-    def forward(self, points: torch.Tensor) -> torch.Tensor:
-        return self.layer(points)
 
 
 class Gather(nn.Module):
