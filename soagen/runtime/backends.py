@@ -67,12 +67,9 @@ class Backend(abc.ABC):
     # Whether the backend reads each input block's storage itself (an ONNX graph adapted to it):
     # a `contiguous` copy would only cost a copy.
     adapts_inputs: typing.ClassVar[bool] = False
-    # Whether the model cannot write into its inputs (ONNX Runtime takes them read-only): the
-    # binding hands it plain views and watches no version counter.
-    reads_inputs_only: typing.ClassVar[bool] = False
     # Whether a write into an input moves its tensor's version counter (models run by ATen from
-    # Python). Where none moves (a package's C++ runner, ONNX Runtime), the binding watches none
-    # and hands a repeated call the input views its call plan made before.
+    # Python). Where none moves (a package's C++ runner, ONNX Runtime, which takes its inputs
+    # read-only), the binding hands plain views and watches no counter.
     moves_version_counters: typing.ClassVar[bool] = True
 
     def __init__(self, description: str) -> None:

@@ -411,8 +411,10 @@ class ModelBinding:
         has run, so a failing slice writes nothing.
         """
         collections = (*inputs.values(), *outputs.values())
+        key = None  # the collections' ids, for calls that may run a plan
         if stream is None and batch_size is None and not self.protect_inputs:
-            plan = self._plans.get(tuple(map(id, collections)))
+            key = tuple(map(id, collections))
+            plan = self._plans.get(key)
             if plan is not None and (*inputs, *outputs) == self._binding_names:
                 self._run_plan(plan, inputs)
                 return
@@ -457,9 +459,9 @@ class ModelBinding:
         if stream is None and batch_size is None:
             # The common call, without a context manager; the next one with these collections
             # runs its plan, skipping every check above.
-            if self._makes_plans and in_order and not self.protect_inputs:
-                if self._called_before(collections):
-                    self._run_plan(self._plan(collections, inputs, outputs, device), inputs)
+            if self._makes_plans and in_order and key is not None:
+                if self._called_before(key, collections):
+                    self._run_plan(self._plan(key, collections, inputs, outputs, device), inputs)
                     return
             self._run_once(inputs, outputs, device)
             return
@@ -504,10 +506,9 @@ class ModelBinding:
             for name, block in self._output_blocks:
                 outputs[name].block(block).copy_(staged[name].block(block))
 
-    def _called_before(self, collections: tuple[Collection, ...]) -> bool:
-        """Whether these very collections (not others that took their ids) were called with
-        before; remembers them if not."""
-        key = tuple(map(id, collections))
+    def _called_before(self, key: tuple[int, ...], collections: tuple[Collection, ...]) -> bool:
+        """Whether these very collections (not others that took their ids, `key`) were called
+        with before; remembers them if not."""
         seen = self._called_once.get(key)
         if seen is not None and all(
             ref() is collection for ref, collection in zip(seen, collections, strict=True)
@@ -520,29 +521,22 @@ class ModelBinding:
 
     def _plan(
         self,
+        key: tuple[int, ...],
         collections: tuple[Collection, ...],
         inputs: Mapping[str, Collection],
         outputs: Mapping[str, Collection],
         device: torch.device,
     ) -> _CallPlan:
         """The call plan for these collections (inputs then outputs, in schema order, all checked
-        by `run`): made once, kept while every one of them lives, at most `_PLANS_PER_BINDING`."""
+        by `run`; `key`, their ids): kept while every one of them lives, at most
+        `_PLANS_PER_BINDING`."""
         import torch
 
-        key = tuple(map(id, collections))
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
         self._check_overlaps(inputs, outputs)
         targets = None
         if any(collection.size for collection in outputs.values()):
             targets = [outputs[name].block(block) for name, block in self._output_blocks]
-        if self._backend.moves_version_counters:
-            views = [
-                inputs[name]._block_with_own_version(block) for name, block in self._input_blocks
-            ]
-        else:
-            views = [inputs[name].block(block) for name, block in self._input_blocks]
+        views = self._input_views(inputs)
         checks = tuple(
             (self._input_position[index_name], index_name, bound_name, inputs[bound_name].size)
             for index_name, bound_name in self.index_bounds.items()
@@ -583,9 +577,7 @@ class ModelBinding:
             # Views made inside inference mode share their buffer's version counter, and those
             # made outside it have their own (`Collection._block_with_own_version`): a call in the
             # other mode gets its own, as a call without a plan would.
-            views = [
-                inputs[name]._block_with_own_version(block) for name, block in self._input_blocks
-            ]
+            views = self._input_views(inputs)
         try:
             for position, index_name, bound_name, size in plan.index_checks:
                 _check_index_range(type(self), index_name, views[position], bound_name, size)
@@ -678,18 +670,18 @@ class ModelBinding:
             # One buffer copy per collection keeps the views' strides, which AOT packages rely on.
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
-        if not self._backend.moves_version_counters:
-            views = [sources[name].block(block) for name, block in self._input_blocks]
-        else:
-            # Each view with its own version counter: a write is pinned on the input that took
-            # it, and writes by other threads elsewhere in these buffers do not look like the
-            # model's.
-            views = [
-                sources[name]._block_with_own_version(block) for name, block in self._input_blocks
-            ]
+        views = self._input_views(sources)
         if self.index_bounds:
             self._check_index_ranges(sources, views)
         return self._run_on_views(views, self._backend.on(device), targets)
+
+    def _input_views(self, inputs: Mapping[str, Collection]) -> list[torch.Tensor]:
+        """The views handed to the model, in schema order. Where the backend moves version
+        counters, each has its own: a write is pinned on the input that took it, and writes by
+        other threads elsewhere in these buffers do not look like the model's."""
+        if not self._backend.moves_version_counters:
+            return [inputs[name].block(block) for name, block in self._input_blocks]
+        return [inputs[name]._block_with_own_version(block) for name, block in self._input_blocks]
 
     def _run_on_views(
         self,

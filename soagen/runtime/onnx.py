@@ -167,7 +167,6 @@ class OnnxBackend(Backend):
     records_autograd = False
     writes_outputs = True
     adapts_inputs = True
-    reads_inputs_only = True
     moves_version_counters = False
 
     def __init__(
