@@ -102,6 +102,9 @@ RTOL, ATOL = 1e-4, 1e-5
 # null call with the check every timed soagen path runs, and how a caller turns the check off.
 NULL_CALL = "soagen call, null model"
 INDEX_CHECKED = "soagen call, null model + index range check"
+# On a GPU, the same calls replayed from CUDA graphs (`graphs=True`).
+NULL_GRAPHS = NULL_CALL + ", CUDA graphs"
+INDEX_CHECKED_GRAPHS = INDEX_CHECKED + ", CUDA graphs"
 INDEX_CHECK_OFF = '`index_bounds={"edge_index": None}`'
 # The size the conversion target names (n = 1e7).
 TARGET_N = 10**7
@@ -556,6 +559,9 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
         "naive write-back": lambda: write_back(null_result),
     }
     case.after_model = {name: case.overhead[name] for name in (NULL_CALL, "soagen write-back")}
+    if device != "cpu":
+        graphed = module.HitMlp(NullModel(null_result[:2].clone()), graphs=True)
+        case.overhead[NULL_GRAPHS] = lambda: graphed(hits, out=tiny_out)
     return case
 
 
@@ -724,6 +730,13 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
         "naive write-back": lambda: scores.score.copy_(null_result),
     }
     case.after_model = {name: case.overhead[name] for name in (NULL_CALL, "soagen write-back")}
+    if device != "cpu":
+        graphed = module.EdgeClassifier(
+            NullModel(null_result[:2].clone()), index_bounds={"edge_index": None}, graphs=True
+        )
+        graphed_checked = module.EdgeClassifier(NullModel(null_result[:2].clone()), graphs=True)
+        case.overhead[NULL_GRAPHS] = lambda: graphed(nodes, edges, out=tiny_out)
+        case.overhead[INDEX_CHECKED_GRAPHS] = lambda: graphed_checked(nodes, edges, out=tiny_out)
     return case
 
 
@@ -1326,11 +1339,16 @@ def overhead_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
         [name, *(f"{by_n[n][name]['median_ms'] * 1e3:,.1f}" for n in sizes)]
         for name in by_n[sizes[0]]
     ]
-    ratios = [("naive torch.stack gather / soagen null call", NULL_CALL)]
-    if INDEX_CHECKED in by_n[sizes[0]]:
-        ratios.append(
-            ("naive torch.stack gather / (soagen null call + index range check)", INDEX_CHECKED)
+    ratios = [
+        (f"naive torch.stack gather / {label}", name)
+        for label, name in (
+            ("soagen null call", NULL_CALL),
+            ("(soagen null call + index range check)", INDEX_CHECKED),
+            ("soagen null call, CUDA graphs", NULL_GRAPHS),
+            ("(soagen null call + index range check), CUDA graphs", INDEX_CHECKED_GRAPHS),
         )
+        if name in by_n[sizes[0]]
+    ]
     for label, ours in ratios:
         ratio = [
             by_n[n]["naive torch.stack gather"]["median_ms"] / by_n[n][ours]["median_ms"]
@@ -1969,8 +1987,9 @@ def main(argv: list[str] | None = None) -> int:
     if "cpu" in devices:
         log("per-call cost at n = 2 ...")
         report["small_calls"] = small_calls(tools, max(repeats, 5), max(min_sample_s, 0.05))
-    log("generation latency and import time ...")
-    report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
+    if "cpu" in devices:  # a host-side measure: the CPU run reports it
+        log("generation latency and import time ...")
+        report["generation"] = generation_latency(workdir, 5 if args.quick else 20)
     if not args.no_memory and "cpu" in devices:
         import concurrent.futures
 

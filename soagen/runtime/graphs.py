@@ -31,7 +31,8 @@ CUDA) differ in the last bits from run to run, while what a bad capture gives (v
 capture, memory read after it was reused) is wrong by far more. A disagreement raises
 `GraphMismatchError`, naming the output, puts the outputs back as they were and drops the graph; a
 capture that fails (a model that waits for the device: `.item()`, `if` on a tensor, shapes that
-depend on values) raises `GraphCaptureError`, outputs untouched.
+depend on values) raises `GraphCaptureError`, outputs untouched, and the binding refuses its later
+captures alike.
 
 AOT packages run through AOTInductor's single-threaded entry point (`AotBackend.single_threaded`):
 the thread-aware one records a CUDA event at each run and queries it at the next, and an event
@@ -45,8 +46,9 @@ Memory: each binding keeps at most `graph_cache_size` graphs (8 by default), the
 used dropped first; a dropped graph is destroyed once no call is replaying it. All graphs captured
 for one stream of one GPU (every binding's) share one memory pool: their intermediates reuse the
 same memory, which is safe because calls on one stream run one after another. Pool memory a dropped
-graph held is reused by later captures for that stream, and the pool goes back to torch's allocator
-with the last graph using it (`close()` drops a binding's graphs).
+graph held is reused by later captures for that stream (`close()` drops a binding's graphs); the
+pool itself stays until the process ends, held by a one-kernel anchor graph, since torch cannot
+capture into a pool again once its last graph is gone.
 
 What a replay does not see: what the call read on the host when it was captured. A module whose
 parameters are replaced rather than updated in place (`module.weight = ...`, where
@@ -178,6 +180,9 @@ class CallGraphs:
         self.device_type = capturer.device_type
         self.cache_size = cache_size
         self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        # The capture that failed: a model that cannot be captured is not warmed up and captured
+        # again at every call (each failed capture also leaves torch a little state; `_abandon`).
+        self._refusal: GraphCaptureError | None = None
         cls = type(binding)
         self._input_names = tuple(spec.name for spec in cls.INPUTS)
         self._output_names = tuple(spec.name for spec in cls.OUTPUTS)
@@ -251,7 +256,13 @@ class CallGraphs:
             if graph is not None and (self._module is None or not self._module.training):
                 graph.replay()
                 return
-            self._capture(key, inputs, outputs, device)
+            if self._refusal is not None:
+                raise GraphCaptureError(str(self._refusal))
+            try:
+                self._capture(key, inputs, outputs, device)
+            except GraphCaptureError as error:
+                self._refusal = error
+                raise
 
     def _key(
         self,
@@ -307,8 +318,8 @@ class CallGraphs:
                 f"a CUDA graph: {type(error).__name__}: {lines[0] if lines else ''}. A model that "
                 f"waits for the GPU during its call (.item(), .tolist(), .cpu(), bool() or `if` on "
                 f"a tensor, printing one, shapes that depend on values such as nonzero() or "
-                f"boolean-mask indexing) cannot be; nothing was written. Create the binding with "
-                f"graphs=False"
+                f"boolean-mask indexing) cannot be; nothing was written, and this binding's later "
+                f"calls that need a capture are refused alike. Create the binding with graphs=False"
             ) from error
         held = [target.clone() for target in targets]
         graph.replay()
@@ -376,6 +387,10 @@ class CudaCapturer:
 
     def __init__(self) -> None:
         self._sides: dict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = {}
+        # Each pool's anchor (see `_anchored_pool`), by stream.
+        self._anchors: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Captures that failed to end (see `_abandon`); each binding adds at most one.
+        self._abandoned: list[torch.cuda.CUDAGraph] = []
         # The raw handle of a GPU's current stream: what Inductor's generated code asks torch
         # for, without a Stream object per call (looked up at the first call: CUDA builds only).
         self._raw_stream: Callable[[int], int] | None = None
@@ -400,9 +415,30 @@ class CudaCapturer:
 
             index = typing.cast("tuple[int, int]", stream)[0]
             side = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
-            found = (side, torch.cuda.graph_pool_handle())
+            found = (side, self._anchored_pool(index, side, stream))
             self._sides[stream] = found
         return found
+
+    def _anchored_pool(self, index: int, side: torch.cuda.Stream, stream: Hashable) -> typing.Any:
+        """A new memory pool for the captures on `side`, held by an anchor: a graph of one small
+        kernel, captured into it, kept as long as the pool is used. Torch counts a pool's users
+        (graphs and captures under way) and takes a pool whose count fell to 0 for gone: a later
+        capture into it fails an internal assertion. So without the anchor, a binding closed,
+        or a binding whose graphs were all dropped, would break every later capture for the
+        stream. The pool's memory stays with it (reused by later captures) until the process
+        ends. The anchor's capture also ends the default generator's capture mode that a failed
+        capture leaves on torch < 2.13 (see `_abandon`)."""
+        import torch
+
+        with torch.cuda.device(index), torch.cuda.stream(side):
+            pool = torch.cuda.graph_pool_handle()
+            scratch = torch.zeros(1, device=torch.device("cuda", index))
+            anchor = torch.cuda.CUDAGraph()
+            anchor.capture_begin(pool=pool)
+            scratch.add_(1)
+            anchor.capture_end()
+        self._anchors[stream] = (anchor, scratch)
+        return pool
 
     def warm_up(self, device: torch.device, stream: Hashable, run: Callable[[], _T]) -> _T:
         import torch
@@ -428,39 +464,53 @@ class CudaCapturer:
             try:
                 run()
             except BaseException:
-                _abandon(graph, typing.cast("tuple[int, int]", stream)[0], pool, end=True)
+                self._abandon(graph, stream, end=True)
                 raise
             try:
                 graph.capture_end()
             except BaseException:
-                _abandon(graph, typing.cast("tuple[int, int]", stream)[0], pool, end=False)
+                self._abandon(graph, stream, end=False)
                 raise
         return graph
 
+    def _abandon(self, graph: torch.cuda.CUDAGraph, stream: Hashable, *, end: bool) -> None:
+        """Leave a capture that failed, on its side stream: end it (where `end`), then undo what
+        torch's `capture_end` leaves undone when ending fails (a capture that a host wait
+        invalidated fails to end). Errors here add nothing to the one being raised.
 
-def _abandon(graph: torch.cuda.CUDAGraph, index: int, pool: typing.Any, *, end: bool) -> None:
-    """Leave a capture that failed: end it on the stream (where `end`), then undo what torch's
-    `capture_end` leaves undone when ending fails (a capture a host wait invalidated fails to end):
-    its allocator would go on counting a capture under way into `pool` (which
-    `torch.cuda.empty_cache()` then refuses) and the pool as used by this graph. Errors here add
-    nothing to the one being raised."""
-    import torch
+        Left undone by a failed end, each of which breaks later work in the process:
+        - the device allocator goes on counting a capture under way into the pool (which
+          `torch.cuda.empty_cache()` then refuses): ended and released here;
+        - the pinned-host allocator goes on recording into the pool, and torch offers no call to
+          end that: the stream gets a fresh pool, and the graph is kept, since the host
+          allocator's record reads it;
+        - torch < 2.13 leaves the default CUDA generator in capture mode, so that every later
+          random-number op on that GPU fails: the new pool's anchor, a capture that ends, takes
+          it out."""
+        import torch
 
-    if end:
+        if end:
+            try:
+                graph.capture_end()
+            except Exception:
+                pass
         try:
-            graph.capture_end()
+            graph.pool()  # torch counts the capture as ended: the graph releases the pool as it goes
+            return
         except Exception:
             pass
-    try:
-        graph.pool()  # torch counts the capture as ended: the graph releases the pool as it goes
-        return
-    except Exception:
-        pass
-    for undo in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+        index, pool = typing.cast("tuple[int, int]", stream)[0], self._sides[stream][1]
+        for undo in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+            try:
+                undo(index, pool)
+            except Exception:  # already done by the part of capture_end that ran
+                pass
+        self._abandoned.append(graph)
+        side = self._sides[stream][0]
         try:
-            undo(index, pool)
-        except Exception:  # already done by the part of capture_end that ran
-            pass
+            self._sides[stream] = (side, self._anchored_pool(index, side, stream))
+        except Exception:
+            del self._sides[stream]  # the next capture for the stream tries again
 
 
 _cuda_capturer: CudaCapturer | None = None

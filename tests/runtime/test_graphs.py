@@ -9,6 +9,7 @@ marked `cuda` run the CUDA capturer itself and skip cleanly without a GPU: run t
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -175,6 +176,17 @@ def hits(mlp: ModuleType, n: int, seed: int, device: str = "cpu") -> Any:
     generator = torch.Generator().manual_seed(seed)
     made.block("features").copy_(torch.randn(n, 4, generator=generator))
     return made
+
+
+class CountsCalls:
+    """Counts a module's forward calls (a forward pre-hook)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.count = 0
+        module.register_forward_pre_hook(self._called)
+
+    def _called(self, module: nn.Module, inputs: object) -> None:
+        self.count += 1
 
 
 class WaitsForTheDevice(nn.Module):
@@ -345,6 +357,12 @@ def test_a_model_that_waits_for_the_device_is_refused_at_capture_writing_nothing
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert torch.equal(scores.block("scores"), torch.full((50, 2), -7.0))
     assert capturer.captures == 0 and len(model._graphs) == 0
+    # Refused again, on other collections too, without warming up or capturing the model again.
+    net, others = model._backend.module, hits(mlp, 20, seed=2)
+    calls = CountsCalls(net)
+    with pytest.raises(GraphCaptureError, match=r"^HitMlp: WaitsForTheDevice on cpu .*item"):
+        model(others, out=mlp.HitScores.allocate(20))
+    assert calls.count == 0 and capturer.captures == 0
 
 
 def test_an_error_while_capturing_propagates_and_leaves_the_outputs(mlp: ModuleType) -> None:
@@ -619,6 +637,18 @@ def test_cuda_a_model_that_waits_for_the_device_is_refused_and_cuda_stays_usable
     assert len(model._graphs) == 0
     mlp.HitMlp(net)(points, out=scores)  # a plain binding runs it
     assert float(scores.block("scores").abs().sum()) > 0
+    # What the failed capture left in torch is undone: random numbers on the GPU (the generator
+    # left in capture mode by torch < 2.13), and another capture for the same stream (its pool).
+    assert torch.randn(8, device="cuda").isfinite().all()
+    linear = nn.Linear(4, 2).cuda()
+    graphed_scores = mlp.HitScores.allocate(100, device="cuda")
+    captured = mlp.HitMlp(linear, graphs=True)
+    for _ in range(2):
+        captured(points, out=graphed_scores)
+    assert len(captured._graphs) == 1
+    with torch.no_grad():
+        expected = linear(points.block("features"))
+    torch.testing.assert_close(graphed_scores.block("scores"), expected)
 
 
 @cuda
@@ -662,6 +692,17 @@ def test_cuda_dropped_graphs_are_destroyed_and_streams_are_keys(gnn: ModuleType)
     expected = eager_scores(gnn, net, nodes, edges)
     for out in (first, second):
         torch.testing.assert_close(out.score, expected, rtol=1e-4, atol=1e-5)
+    # Every graph of the stream's pool gone: a later capture for that stream still works (torch
+    # takes a pool whose last user went for gone; the capturer's anchor holds it).
+    model.close()
+    del model
+    gc.collect()
+    again = gnn.EdgeClassifier(net, graphs=True)
+    third = gnn.EdgeScores.allocate(1_000, device="cuda")
+    for _ in range(2):
+        again(nodes, edges, out=third)
+    assert len(again._graphs) == 1
+    torch.testing.assert_close(third.score, expected, rtol=1e-4, atol=1e-5)
 
 
 @cuda
