@@ -232,9 +232,14 @@ def aot_package(
     return path
 
 
-def aot_packages(backends: list[str], devices: list[str], cache: Path) -> dict[str, Path]:
+def aot_packages(
+    backends: list[str], devices: list[str], cache: Path
+) -> tuple[dict[str, Path], str | None]:
     """Every AOT backend's package for both models on each device (`aot_package`), built two at
-    a time in fresh processes: each compile is mostly one core's work."""
+    a time in fresh processes: each compile is mostly one core's work. With the first build that
+    failed, no package and why: a torch whose AOTInductor crashes (the GPU image's torch 2.11
+    segfaults loading any package, which each build's check does) leaves the other backends'
+    results to report."""
     import concurrent.futures
     import multiprocessing
 
@@ -256,12 +261,16 @@ def aot_packages(backends: list[str], devices: list[str], cache: Path) -> dict[s
         )
     }
     if not builds:
-        return {}
+        return {}, None
     workers = min(2, os.cpu_count() or 1, len(builds))
     context = multiprocessing.get_context("spawn")  # torch is loaded here: no fork
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         futures = {key: pool.submit(aot_package, *build) for key, build in builds.items()}
-        return {key: future.result() for key, future in futures.items()}
+        try:
+            return {key: future.result() for key, future in futures.items()}, None
+        except Exception as error:  # a worker's own error, or BrokenProcessPool when one crashed
+            lines = str(error).strip().splitlines()
+            return {}, f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def onnx_model(
@@ -1876,7 +1885,13 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="soagen-bench-models-"))
     tools = build_tools(args, workdir, backends)
-    tools.packages |= aot_packages(backends, devices, args.out / "packages")
+    packages, failed = aot_packages(backends, devices, args.out / "packages")
+    tools.packages |= packages
+    if failed is not None:
+        backends = [b for b in backends if not b.startswith("aot")]
+        tools.backends, args.backends = backends, ",".join(backends)
+        notes.append(f"the AOT packages could not be built here ({failed}): AOT was skipped")
+        log(notes[-1])
     onnx_files: dict[str, Path] = {}  # the exported models, for the memory probe's process
     if not args.no_onnx:
         log("exporting both models to ONNX ...")
