@@ -1474,6 +1474,7 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
                 f"{size_label(large)} (not held to the 1.2x flatness target); "
                 f"{INDEX_CHECK_OFF} turns the check off"
             )
+    lines += cuda_target_lines(report)
     for model, rows in report.get("small_calls", {}).items():
         pairs = []
         for name in rows:
@@ -1491,6 +1492,43 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
             f"- {model}, per-call binding cost at n = 2 (target <= 3 us for AOT; the other "
             f"backends for reference): "
             + (", ".join(pairs) or "not judged (no backend's runner alone was timed)")
+        )
+    return lines
+
+
+def cuda_target_lines(report: dict[str, Any]) -> list[str]:
+    """The GPU targets: a null call of at most 10 us (from a CUDA graph where those ran), and the
+    fastest soagen path no slower than the fastest naive gather at any n, end to end."""
+    lines = []
+    for model, saved in report.get("overhead", {}).get("cuda", {}).items():
+        rows = list(saved.values())
+        judged = []
+        for name, label in ((NULL_GRAPHS, "CUDA graphs"), (NULL_CALL, "plain")):
+            if name in rows[0]:
+                us = [row[name]["median_ms"] * 1e3 for row in rows]
+                verdict = "ok" if max(us) <= 10 else "MISSED"
+                judged.append(f"{label} {min(us):.1f}-{max(us):.1f} us {verdict}")
+        lines.append(
+            f"- {model} on cuda, null call <= 10 us (the first verdict is the target's): "
+            + "; ".join(judged)
+        )
+    for model, saved in report["results"].get("cuda", {}).items():
+        entries = []
+        for n, row in sorted(saved.items(), key=lambda item: int(item[0])):
+            naive = min(
+                (p for p in row if p.startswith("naive")), key=lambda p: row[p]["median_ms"]
+            )
+            best = min(
+                (p for p in row if p.startswith("soagen")), key=lambda p: row[p]["median_ms"]
+            )
+            ratio = row[best]["median_ms"] / row[naive]["median_ms"]
+            entries.append(
+                f"{size_label(int(n))}: {best.removeprefix('soagen ')} {ratio:.2f}x "
+                f"{naive.removeprefix('naive ')}{' ok' if ratio <= 1.0 else ' MISSED'}"
+            )
+        lines.append(
+            f"- {model} on cuda, fastest soagen vs fastest naive gather, end to end: "
+            + "; ".join(entries)
         )
     return lines
 
