@@ -60,6 +60,46 @@ def test_output_check_rejects_a_wrong_result_and_a_path_that_writes_nothing() ->
         bench.check(case, "wrong", lambda: None)
 
 
+def test_gpu_targets_are_judged_from_a_report() -> None:
+    bench = bench_models()
+
+    def stats(us: float) -> dict[str, float]:
+        return {"median_ms": us / 1e3}
+
+    report = {
+        "overhead": {
+            "cuda": {
+                "mlp": {
+                    "1000": {bench.NULL_CALL: stats(15.0), bench.NULL_GRAPHS: stats(8.0)},
+                    "100000": {bench.NULL_CALL: stats(16.0), bench.NULL_GRAPHS: stats(9.5)},
+                },
+                "gnn": {"1000": {bench.NULL_CALL: stats(9.0), bench.NULL_GRAPHS: stats(12.0)}},
+            }
+        },
+        "results": {
+            "cuda": {
+                "mlp": {
+                    "1000": {
+                        "naive torch.stack": stats(90.0),
+                        "naive np.stack": stats(120.0),
+                        "soagen eager": stats(75.0),
+                        "soagen eager graphs": stats(20.0),
+                    },
+                    "100000": {"naive torch.stack": stats(90.0), "soagen eager": stats(95.0)},
+                }
+            }
+        },
+    }
+    assert bench.cuda_target_lines(report) == [
+        "- mlp on cuda, null call <= 10 us (the first verdict is the target's): "
+        "CUDA graphs 8.0-9.5 us ok; plain 15.0-16.0 us MISSED",
+        "- gnn on cuda, null call <= 10 us (the first verdict is the target's): "
+        "CUDA graphs 12.0-12.0 us MISSED; plain 9.0-9.0 us ok",
+        "- mlp on cuda, fastest soagen vs fastest naive gather, end to end: "
+        "1e3: eager graphs 0.22x torch.stack ok; 1e5: eager 1.06x torch.stack MISSED",
+    ]
+
+
 def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
