@@ -5,9 +5,10 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
   aot, `aot columnwise`, built with `soagen compile --columnwise`, and `aot columnwise write`, also
   with `--write-outputs`, whose package stores into the output blocks; `contiguous edge`: the
   binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`; on
-  CUDA only, `eager graphs` and `aot graphs`: the same bindings made with `graphs=True`, each call
-  after the first a replay of the CUDA graph captured there). GNN bindings check the edge indices'
-  range (`index_bounds`), as the example does and AOT packages do;
+  CUDA only, `eager graphs`, `torchscript graphs` and `aot graphs`: the same bindings made with
+  `graphs=True`, each call after the first a replay of the CUDA graph captured there). GNN
+  bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages
+  do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
 - `naive torch.stack`, `naive np.stack`, `naive torch.tensor`: gather the columns into new tensors
   on the device (`torch.stack` + `.to(device)`; `np.stack` + `torch.from_numpy` + `.to(device)`;
@@ -355,10 +356,13 @@ def soagen_model(
 
 
 def graph_variants(device: str, backends: Sequence[str]) -> list[tuple[str, tuple[str, ...], bool]]:
-    """On a GPU, the eager and AOT calls again with `graphs=True` (CUDA graphs exist nowhere else)."""
+    """On a GPU, the eager, TorchScript and AOT calls again with `graphs=True` (CUDA graphs exist
+    nowhere else)."""
     if device == "cpu":
         return []
-    return [(backend, (), True) for backend in ("eager", "aot") if backend in backends]
+    return [
+        (backend, (), True) for backend in ("eager", "torchscript", "aot") if backend in backends
+    ]
 
 
 def variant_name(backend: str, contiguous: tuple[str, ...], graphs: bool) -> str:
