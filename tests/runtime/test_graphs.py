@@ -515,12 +515,13 @@ def refill(gnn: ModuleType, nodes: Any, edges: Any, seed: int) -> None:
 
 
 @cuda
-@pytest.mark.parametrize("backend", ["eager", "torchscript"])
+@pytest.mark.parametrize("backend", ["eager", "torchscript", "compile"])
 def test_cuda_replays_equal_eager_calls_at_every_size(gnn: ModuleType, backend: str) -> None:
     net = build_model().cuda()
-    model = gnn.EdgeClassifier(
-        torch.jit.script(net) if backend == "torchscript" else net, graphs=True
-    )
+    if backend == "torchscript":
+        model = gnn.EdgeClassifier(torch.jit.script(net), graphs=True)
+    else:  # torch.compile compiles at the first warm-up run, before anything is captured
+        model = gnn.EdgeClassifier(net, backend=backend, graphs=True)
     plain = gnn.EdgeClassifier(net)
     for seed, (n_nodes, n_edges) in enumerate(SIZES):
         nodes, edges = event(gnn, n_nodes, n_edges, seed, "cuda")
