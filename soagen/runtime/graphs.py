@@ -47,8 +47,9 @@ used dropped first; a dropped graph is destroyed once no call is replaying it. A
 for one stream of one GPU (every binding's) share one memory pool: their intermediates reuse the
 same memory, which is safe because calls on one stream run one after another. Pool memory a dropped
 graph held is reused by later captures for that stream (`close()` drops a binding's graphs); the
-pool itself stays until the process ends, held by a one-kernel anchor graph, since torch cannot
-capture into a pool again once its last graph is gone.
+pool itself stays, held by a one-kernel anchor graph, since torch cannot capture into a pool again
+once its last graph is gone, while its stream is among the 16 most recently captured for
+(`STREAMS_KEPT`); then it goes with its last graph.
 
 What a replay does not see: what the call read on the host when it was captured. A module whose
 parameters are replaced rather than updated in place (`module.weight = ...`, where
@@ -103,6 +104,8 @@ _NOT_CAPTURABLE = {
         "kernels here to capture"
     ),
 }
+# Callers' streams whose side stream and memory pool the CUDA capturer keeps (see `CudaCapturer`).
+STREAMS_KEPT = 16
 # Eager runs of a call before it is captured (see the module documentation).
 WARM_UP_CALLS = 3
 # One capture at a time in the process: torch's allocator and the shared pools expect it.
@@ -380,13 +383,14 @@ class CudaCapturer:
     """Graphs on CUDA. For each GPU and caller's stream: one side stream, where warm-ups and
     captures run (a capture needs a stream other than the legacy default one, and torch's pools
     share memory best between captures made on one stream), and one memory pool shared by every
-    graph captured for that stream (see the module documentation). Used under `_capture_lock`,
-    but for `stream`."""
+    graph captured for that stream (see the module documentation), for the `STREAMS_KEPT` streams
+    most recently captured for. Used under `_capture_lock`, but for `stream`."""
 
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self._sides: dict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = {}
+        # The streams most recently captured for, at most `STREAMS_KEPT`.
+        self._sides: OrderedDict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = OrderedDict()
         # Each pool's anchor (see `_anchored_pool`), by stream.
         self._anchors: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # Captures that failed to end (see `_abandon`); each binding adds at most one.
@@ -410,13 +414,21 @@ class CudaCapturer:
 
     def _side(self, stream: Hashable) -> tuple[torch.cuda.Stream, typing.Any]:
         found = self._sides.get(stream)
-        if found is None:
-            import torch
+        if found is not None:
+            self._sides.move_to_end(stream)
+            return found
+        import torch
 
-            index = typing.cast("tuple[int, int]", stream)[0]
-            side = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
-            found = (side, self._anchored_pool(index, side, stream))
-            self._sides[stream] = found
+        index = typing.cast("tuple[int, int]", stream)[0]
+        side = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
+        found = (side, self._anchored_pool(index, side, stream))
+        self._sides[stream] = found
+        while len(self._sides) > STREAMS_KEPT:
+            # A caller with a new stream per call would otherwise pin a pool for each. The
+            # dropped pool goes with its last graph; a later capture for that stream gets a new
+            # one (torch cannot capture into the old one again).
+            dropped, _ = self._sides.popitem(last=False)
+            self._anchors.pop(dropped, None)
         return found
 
     def _anchored_pool(self, index: int, side: torch.cuda.Stream, stream: Hashable) -> typing.Any:

@@ -36,7 +36,12 @@ from soagen.runtime.errors import (  # noqa: E402
     InputModifiedError,
     ModelLoadError,
 )
-from soagen.runtime.graphs import WARM_UP_CALLS, CallGraphs  # noqa: E402
+from soagen.runtime.graphs import (  # noqa: E402
+    STREAMS_KEPT,
+    WARM_UP_CALLS,
+    CallGraphs,
+    cuda_capturer,
+)
 from tests.helpers import REPO, assert_no_host_device_copies  # noqa: E402
 
 _T = TypeVar("_T")
@@ -704,6 +709,24 @@ def test_cuda_dropped_graphs_are_destroyed_and_streams_are_keys(gnn: ModuleType)
         again(nodes, edges, out=third)
     assert len(again._graphs) == 1
     torch.testing.assert_close(third.score, expected, rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_cuda_the_capturer_keeps_the_pools_of_the_latest_streams(mlp: ModuleType) -> None:
+    linear = nn.Linear(4, 2).cuda()
+    model = mlp.HitMlp(linear, graphs=True)
+    points = hits(mlp, 100, seed=1, device="cuda")
+    with torch.no_grad():
+        expected = linear(points.block("features"))
+    streams = [torch.cuda.Stream() for _ in range(STREAMS_KEPT + 2)]
+    for stream in [*streams, streams[0]]:  # the first again, after its pool was dropped
+        scores = mlp.HitScores.allocate(100, device="cuda")
+        stream.wait_stream(torch.cuda.current_stream())
+        for _ in range(2):
+            model(points, out=scores, stream=stream)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.testing.assert_close(scores.block("scores"), expected)
+    assert len(cuda_capturer()._sides) <= STREAMS_KEPT
 
 
 @cuda
