@@ -437,8 +437,8 @@ class CudaCapturer:
         (graphs and captures under way) and takes a pool whose count fell to 0 for gone: a later
         capture into it fails an internal assertion. So without the anchor, a binding closed,
         or a binding whose graphs were all dropped, would break every later capture for the
-        stream. The pool's memory stays with it (reused by later captures) until the process
-        ends. The anchor's capture also ends the default generator's capture mode that a failed
+        stream. The pool's memory stays with it (reused by later captures) while the stream is
+        kept (`_side`). The anchor's capture also ends the default generator's capture mode that a failed
         capture leaves on torch < 2.13 (see `_abandon`)."""
         import torch
 
