@@ -409,28 +409,48 @@ class AotBackend(Backend):
         # `AOTICompiledModel.__call__`. On CUDA it runs on the current stream of the current
         # device, so the data's device is made current for the call.
         run_compiled = loader.run
-        check = self._check
         first_output = len(self.binding.INPUTS)
         alignment = self.output_alignment
-        if device.type != "cuda" and alignment is None:  # CPU: the check and the call, no more
+        if device.type != "cuda" and alignment is None:  # CPU: the call, no more
 
             def run(inputs: Sequence[torch.Tensor]) -> object:
-                check(inputs)
                 return run_compiled(list(inputs))
 
-            return run
+            return _CheckedRunner(self._check, run)
         on_device: Callable[[], typing.ContextManager[object]] = (
             (lambda: torch.cuda.device(index)) if device.type == "cuda" else contextlib.nullcontext
         )
 
         def run_guarded(inputs: Sequence[torch.Tensor]) -> object:
-            check(inputs)
             with on_device():
                 if alignment is None:
                     return run_compiled(list(inputs))
                 return _run_staged(run_compiled, inputs, first_output, alignment)
 
-        return run_guarded
+        return _CheckedRunner(self._check, run_guarded)
+
+    def on_fixed_inputs(self, device: torch.device, inputs: Sequence[torch.Tensor]) -> Runner:
+        """The package's runner without its per-call geometry check, which these inputs pass
+        now: a call plan's arguments keep their shapes and strides."""
+        runner = self.on(device)
+        if not isinstance(runner, _CheckedRunner):
+            return runner
+        runner.check(inputs)
+        return runner.unchecked
+
+
+class _CheckedRunner:
+    """A package's runner: the input geometry checked (`_InputCheck`), then the call."""
+
+    __slots__ = ("check", "unchecked")
+
+    def __init__(self, check: _InputCheck, unchecked: Runner) -> None:
+        self.check = check
+        self.unchecked = unchecked
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> object:
+        self.check(inputs)
+        return self.unchecked(inputs)
 
 
 def _run_staged(

@@ -98,6 +98,12 @@ class Backend(abc.ABC):
                     self._runners[device] = runner
         return runner
 
+    def on_fixed_inputs(self, device: torch.device, inputs: Sequence[torch.Tensor]) -> Runner:
+        """The runner for `device`, for calls that always pass these very tensors (a call plan's
+        arguments, whose shapes and strides never change): a backend may check them once here,
+        raising as a call would, instead of at every call. By default `on(device)`."""
+        return self.on(device)
+
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """The devices this backend is placed on (built at a call there, not released since)."""

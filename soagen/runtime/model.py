@@ -546,11 +546,19 @@ class ModelBinding:
         def forget(_: object) -> None:
             plans.pop(key, None)
 
+        # Not placed for a call with nothing to compute: it never reaches the model. The model's
+        # arguments are these views (and output blocks) at every call, but for contiguous copies,
+        # made anew per call: a backend may check them once now.
+        runner = None
+        if targets is not None and self.contiguous and not self._backend.adapts_inputs:
+            runner = self._backend.on(device)
+        elif targets is not None:
+            arguments = [*views, *targets] if self._backend.writes_outputs else views
+            runner = self._backend.on_fixed_inputs(device, arguments)
         plan = _CallPlan(
             key=key,
             collections=tuple(weakref.ref(collection, forget) for collection in collections),
-            # Not placed for a call with nothing to compute: it never reaches the model.
-            runner=None if targets is None else self._backend.on(device),
+            runner=runner,
             views=views,
             in_inference_mode=(
                 torch.is_inference_mode_enabled() if self._backend.moves_version_counters else None

@@ -56,6 +56,37 @@ def _run(model, gnn):  # type: ignore[no-untyped-def]
     return scores.score
 
 
+def test_a_planned_aot_call_checks_the_package_geometry_once(gnn, gnn_build) -> None:  # type: ignore[no-untyped-def]
+    from generated.gnn import EdgeClassifier, Edges, Nodes
+
+    net, nodes, edges, EdgeScores, _ = gnn
+    model = EdgeClassifier.load(gnn_build[0])
+    checked = []
+    geometry_check = model._backend._check
+
+    def counted(tensors):  # type: ignore[no-untyped-def]
+        checked.append(len(tensors))
+        geometry_check(tensors)
+
+    model._backend._check = counted  # before the runner is placed, which takes it
+    own_nodes, own_edges = Nodes.allocate(N_NODES), Edges.allocate(N_EDGES)
+    scores = EdgeScores.allocate(N_EDGES)
+    for call in range(5):
+        # New values in the same collections: the plan (from the second call) sees them.
+        own_nodes.buffer.copy_(nodes.buffer)
+        own_edges.buffer.copy_(edges.buffer)
+        own_edges.block("edge_features").mul_(1.0 + call)
+        model(own_nodes, own_edges, out=scores)
+        torch.testing.assert_close(
+            scores.score, _eager(net, own_nodes, own_edges), rtol=1e-4, atol=1e-5
+        )
+    # The first call, unplanned, and the plan's making; none at the three planned calls.
+    assert checked == [3, 3]
+    # Other collections, no plan: checked at each call.
+    model(nodes, edges, out=EdgeScores.allocate(N_EDGES))
+    assert checked == [3, 3, 3]
+
+
 def test_torchscript_module_and_file_match_eager(gnn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from generated.gnn import EdgeClassifier
 
