@@ -78,7 +78,7 @@ from soagen.runtime.errors import (
     GraphMismatchError,
     SoaRuntimeError,
 )
-from soagen.runtime.model import _on_stream
+from soagen.runtime.model import _any_elements, _on_stream
 
 if typing.TYPE_CHECKING:
     import torch
@@ -235,10 +235,7 @@ class CallGraphs:
         # a plain call: names and layouts, one device, writable outputs, `same n as` sizes.
         # Left to check per call, each for a reason:
         # - every output empty: a plain call runs nothing then, and neither is anything captured;
-        for collection in outputs.values():
-            if collection.size:
-                break
-        else:
+        if not _any_elements(outputs):
             return
         # - the key: the graph holds the addresses, sizes and index bounds of its first call and
         #   replays on its stream's memory pool; a collection's address, not its buffer object,
@@ -312,9 +309,8 @@ class CallGraphs:
             )
         except SoaRuntimeError:
             raise
-        except (
-            RuntimeError
-        ) as error:  # torch's CUDA errors; the model's own errors pass as they are
+        # torch's CUDA errors; the model's own errors pass as they are
+        except RuntimeError as error:
             lines = str(error).strip().splitlines()
             raise GraphCaptureError(
                 f"{cls.NAME}: {binding._backend.description} on {device} cannot be captured into "

@@ -534,7 +534,7 @@ class ModelBinding:
 
         self._check_overlaps(inputs, outputs)
         targets = None
-        if any(collection.size for collection in outputs.values()):
+        if _any_elements(outputs):
             targets = [outputs[name].block(block) for name, block in self._output_blocks]
         views = self._input_views(inputs)
         checks = tuple(
@@ -602,14 +602,9 @@ class ModelBinding:
         outputs: Mapping[str, Collection],
         device: torch.device,
     ) -> None:
-        # Every output empty: nothing to compute, which also spares backends their n < 2 corner
-        # cases. (Sizes, not the blocks' numel(): every torch call here costs microseconds once
-        # the model has pushed this code out of the caches.)
-        for collection in outputs.values():
-            if collection.size:
-                targets = [outputs[name].block(block) for name, block in self._output_blocks]
-                self._execute(inputs, outputs, device, targets)
-                return
+        if _any_elements(outputs):
+            targets = [outputs[name].block(block) for name, block in self._output_blocks]
+            self._execute(inputs, outputs, device, targets)
 
     def _execute(
         self,
@@ -788,6 +783,17 @@ class ModelBinding:
 
 
 _Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
+
+
+def _any_elements(outputs: Mapping[str, Collection]) -> bool:
+    """Whether a call's outputs hold any element: with every one empty there is nothing to
+    compute, which also spares backends their n < 2 corner cases. (Sizes, not the blocks'
+    numel(): every torch call here costs microseconds once the model has pushed this code out of
+    the caches.)"""
+    for collection in outputs.values():
+        if collection.size:
+            return True
+    return False
 
 
 def _inference_mode_enabled() -> bool:
