@@ -140,3 +140,14 @@ def assert_no_host_device_copies(call: Callable[[], object], stream: Any) -> Non
     events = profile.events()
     assert [event for event in events if event.device_type == torch.autograd.DeviceType.CUDA]
     assert not [e.name for e in events if "Memcpy HtoD" in e.name or "Memcpy DtoH" in e.name]
+
+
+# Each integer dtype, and index values at the edges of every range an index range check treats
+# apart: the dtype's extremes, the half range (where unsigned values turn negative seen as
+# signed), and the bounds' neighbours.
+INDEX_DTYPE_NAMES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+INDEX_EDGE_VALUES = (0, 1, 2, 126, 127, 128, 129, 255, 256, 32_767, 32_768, 65_535, 65_536)
+INDEX_EDGE_VALUES += (2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1)
+INDEX_EDGE_BOUNDS = (0, 1, 2, 127, 128, 129, 255, 256, 257, 32_767, 32_768, 32_769, 65_535)
+INDEX_EDGE_BOUNDS += (65_536, 65_537, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32, 2**32 + 1)
+INDEX_EDGE_BOUNDS += (2**62, 2**63)

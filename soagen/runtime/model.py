@@ -35,6 +35,7 @@ from soagen.runtime.errors import (
     ReadOnlyCollectionError,
 )
 from soagen.runtime.geometry import ITEMSIZE
+from soagen.runtime.index_kernel import queue_index_check
 from soagen.runtime.spec import BindingSpec, declared_index_bounds
 
 if typing.TYPE_CHECKING:
@@ -889,7 +890,7 @@ def _check_index_range(
     `IndexRangeError`: for callers that wait for the device anyway (a remote call), and must not
     end the process's CUDA context with a device-side assert."""
     if not indices.is_cpu and not on_host:
-        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, bound))
+        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, None))
         return
     found = indices_outside(indices, bound)
     if found is not None:
@@ -943,18 +944,25 @@ _TORCH_REDUCTION_MAX = 1 << 15
 _UNSIGNED = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 
-def _index_message(cls: type[ModelBinding], index_name: str, bound_name: str, bound: int) -> str:
-    return (
-        f"{cls.NAME}: input {index_name!r} holds indices outside [0, {bound}), the elements of "
-        f"{bound_name!r}; the model was not run"
+def _index_message(
+    cls: type[ModelBinding], index_name: str, bound_name: str, bound: int | None
+) -> str:
+    """Without a bound for the device's check: its message is a constant of the fused kernel,
+    compiled once per message, and the bound changes from event to event."""
+    extent = (
+        f"{bound}), the elements of {bound_name!r}"
+        if bound is not None
+        else (f"n), n the elements of {bound_name!r}")
     )
+    return f"{cls.NAME}: input {index_name!r} holds indices outside [0, {extent}; the model was not run"
 
 
 def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
-    """Queue the range check on the indices' device, with no host wait: one reduction over them,
-    then as few ops on its result as the dtype allows with ops CPU has too (it runs this code in
-    tests, where `_assert_async` raises at once; torch's CPU kernels have no max or comparison of
-    uint16/32/64). Inside a CUDA graph each op is a node, each replay checking the indices anew.
+    """Queue the range check on the indices' device, with no host wait. On a GPU with Triton it is
+    one kernel (`index_kernel`). Otherwise: one reduction over them, then as few ops on its result
+    as the dtype allows with ops CPU has too (it runs this code in tests, where `_assert_async`
+    raises at once; torch's CPU kernels have no max or comparison of uint16/32/64). Inside a CUDA
+    graph each kernel is a node, each replay checking the indices anew.
 
     - 8-bit: the largest value seen as uint8 (a negative int8 is 128 or more), one comparison, the
       assert: 3 ops; none for uint8 indices into 256 elements or more, all of which are in range.
@@ -971,16 +979,16 @@ def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
         return
     message = message[:_ASSERT_MESSAGE_MAX]
     bits = 8 * indices.element_size()
+    if not indices.dtype.is_signed and bound >= 1 << bits:
+        return  # every value is in range
+    if indices.is_cuda and queue_index_check(indices, bound, message):
+        return
     half = 1 << (bits - 1)
     if bits == 8:
         limit = min(bound, 1 << 8 if indices.dtype == torch.uint8 else half)
-        if limit == 1 << 8:
-            return
         torch._assert_async(indices.view(torch.uint8).amax() < limit, message)
         return
     if not indices.dtype.is_signed:
-        if bound >= 1 << bits:
-            return
         if bound > half and bits < 64:
             torch._assert_async(indices.to(torch.int64).amax() < bound, message)
             return

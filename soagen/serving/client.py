@@ -986,10 +986,12 @@ def _event_error(response: typing.Any) -> str:
     """The error `soagen serve` answered this event with, or "" (see `wire.ERROR_OUTPUT`)."""
     try:
         values = response.as_numpy(ERROR_OUTPUT)
-    except Exception:
-        values = None
-    if values is None or values.size != 1:
-        return "its answer has no readable soagen_error output"
+    except Exception as error:
+        return f"its soagen_error output could not be read ({type(error).__name__}: {error})"
+    if values is None:
+        return "its answer has no soagen_error output"
+    if values.size != 1:
+        return f"its soagen_error output holds {values.size} values, not one"
     value = values.reshape(-1)[0]
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 

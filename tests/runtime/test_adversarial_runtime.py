@@ -30,6 +30,7 @@ from soagen.runtime.errors import (
     UnsupportedBufferError,
 )
 from soagen.runtime.spec import StridedView
+from tests.helpers import INDEX_DTYPE_NAMES, INDEX_EDGE_BOUNDS, INDEX_EDGE_VALUES
 
 SCHEMA = """
 layout Points {
@@ -516,23 +517,7 @@ def test_the_queued_index_check_refuses_exactly_the_out_of_range_values(dtype: t
         _queue_index_check(wrapped, 10, "out of range")
 
 
-# Each integer dtype, and values at the edges of every range the queued check treats apart: the
-# dtype's extremes, the half range (where unsigned values turn negative seen as signed), and the
-# bounds' neighbours.
-_EDGE_VALUES = (0, 1, 2, 126, 127, 128, 129, 255, 256, 32_767, 32_768, 65_535, 65_536)
-_EDGE_VALUES += (2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1)
-_EDGE_BOUNDS = (0, 1, 2, 127, 128, 129, 255, 256, 257, 32_767, 32_768, 32_769, 65_535, 65_536)
-_EDGE_BOUNDS += (65_537, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63)
-_INDEX_DTYPES = [
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-]
+_INDEX_DTYPES = [getattr(torch, name) for name in INDEX_DTYPE_NAMES]
 
 
 @pytest.mark.parametrize("dtype", _INDEX_DTYPES)
@@ -543,14 +528,14 @@ def test_the_queued_index_check_is_exact_at_every_edge_of_every_dtype(dtype: tor
     from soagen.runtime.model import _queue_index_check
 
     info = torch.iinfo(dtype)
-    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *_EDGE_VALUES})
+    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *INDEX_EDGE_VALUES})
     for value in [v for v in values if info.min <= v <= info.max]:
         indices = torch.zeros(3, 2, dtype=dtype)
         if value > torch.iinfo(torch.int64).max:
             indices[1, 0] = torch.tensor(value - 2**64).view(dtype)
         else:
             indices[1, 0] = value
-        for bound in _EDGE_BOUNDS:
+        for bound in INDEX_EDGE_BOUNDS:
             valid = 0 <= value < bound
             try:
                 _queue_index_check(indices.t(), bound, "out of range")

@@ -162,7 +162,7 @@ def test_cuda_index_check_stops_the_stream_on_a_bad_index(
         timeout=300,
     )
     assert done.returncode != 0 and "ran" not in done.stdout
-    assert "holds indices outside [0, 30)" in done.stderr or "device-side assert" in done.stderr
+    assert "holds indices outside [0, n)" in done.stderr or "device-side assert" in done.stderr
     good = subprocess.run(
         [sys.executable, "-c", BAD_INDEX_PROGRAM, str(REPO), str(packages["returns"]), "29"],
         capture_output=True,

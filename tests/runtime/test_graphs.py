@@ -593,7 +593,7 @@ def test_cuda_a_bad_index_written_between_replays_stops_the_replay(bad: int) -> 
     )
     assert "captured 1" in done.stdout, done.stderr
     assert done.returncode != 0 and "replayed" not in done.stdout
-    assert "holds indices outside [0, 30)" in done.stderr or "device-side assert" in done.stderr
+    assert "holds indices outside [0, n)" in done.stderr or "device-side assert" in done.stderr
     good = subprocess.run(
         [sys.executable, "-c", BAD_INDEX_ON_REPLAY, str(REPO), "29"],
         capture_output=True,

@@ -1,0 +1,234 @@
+"""The index range check as one GPU kernel (`soagen.runtime.index_kernel`).
+
+On CPU, a double that does what the kernel's contract says (read [rows, columns] from the view's
+first element with the strides it is given) checks the geometry soagen hands the kernel for every
+kind of view; the Triton kernel itself runs on a GPU: exact at every edge of every dtype, a bad
+index stops the stream with a device-side assert, and the check is that kernel alone.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from soagen.runtime import index_kernel  # noqa: E402
+from soagen.runtime.index_kernel import indices_inside, queue_index_check  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    INDEX_DTYPE_NAMES,
+    INDEX_EDGE_BOUNDS,
+    INDEX_EDGE_VALUES,
+    REPO,
+)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+class StridedKernel:
+    """The kernel's contract in torch: the values at the given shape and element strides from the
+    view's first element, compared with [0, bound); an assert raises at once."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[tuple[int, int], tuple[int, int], bool]] = []
+
+    def __call__(
+        self,
+        indices: torch.Tensor,
+        shape: tuple[int, int],
+        strides: tuple[int, int],
+        bound: int,
+        inside: torch.Tensor,
+        *,
+        message: str,
+        assert_inside: bool,
+    ) -> None:
+        self.launches.append((shape, strides, assert_inside))
+        values = torch.as_strided(indices, shape, strides).to(torch.int64)
+        found = (values >= 0) & (values < bound)
+        if assert_inside:
+            if not bool(found.all()):
+                raise RuntimeError(message)
+        else:
+            inside.copy_(found)
+
+
+def views_of_a_padded_buffer() -> dict[str, torch.Tensor]:
+    """Index views as collections hand them over: columns of a padded buffer at an offset, a
+    block of two columns with the buffer's pitch, and the odd ones (transposed, strided, a
+    scalar)."""
+    buffer = torch.randint(-3, 13, (4 * 80,), generator=torch.Generator().manual_seed(3))
+    block = buffer[16:].as_strided((2, 50), (80, 1))  # two columns of 50, padded to 80
+    return {
+        "column": block[1],
+        "block": block,
+        "transposed block": block.t(),
+        "every third": buffer[5::3],
+        "tall": buffer[:60].view(20, 3),
+        "scalar": buffer[7],
+        "one row": block[:1],
+    }
+
+
+@pytest.mark.parametrize("name", list(views_of_a_padded_buffer()))
+def test_the_kernel_sees_each_index_of_any_view_at_its_place(name: str) -> None:
+    # indices_inside places what the kernel wrote for each value where that value is, so any wrong
+    # stride, offset or transposition would move a True/False away from its value.
+    view = views_of_a_padded_buffer()[name]
+    kernel = StridedKernel()
+    inside = indices_inside(view, 10, kernel)
+    assert inside.shape == view.shape
+    assert torch.equal(inside, (view >= 0) & (view < 10))
+    assert len(kernel.launches) == 1
+    (rows, columns), _, assert_inside = kernel.launches[0]
+    assert rows <= columns and rows * columns == view.numel() and not assert_inside
+
+
+def test_the_check_launches_the_kernel_where_it_can_and_reports_where_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel = StridedKernel()
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: kernel)
+    block = views_of_a_padded_buffer()["block"].clamp_(0, 9)
+    assert queue_index_check(block, 10, "edge_index outside") is True
+    assert kernel.launches[-1] == ((2, 50), (80, 1), True)
+    block[1, 7] = 10
+    with pytest.raises(RuntimeError, match="edge_index outside"):
+        queue_index_check(block, 10, "edge_index outside")
+    # Past two dimensions, or past the grid's rows both ways (an expanded view holds no memory):
+    # not launched, left to torch's ops.
+    launched = len(kernel.launches)
+    assert queue_index_check(torch.zeros(2, 3, 4, dtype=torch.int64), 10, "m") is False
+    huge = torch.zeros(1, dtype=torch.int64).expand(70_000, 70_000)
+    assert queue_index_check(huge, 10, "m") is False
+    assert len(kernel.launches) == launched
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: None)  # no Triton
+    assert queue_index_check(block, 10, "m") is False
+
+
+def test_a_kernel_that_cannot_be_built_leaves_the_check_to_torch_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unbuildable(*args: object, **kw: object) -> None:
+        raise RuntimeError("Failed to find C compiler")
+
+    state = index_kernel._KernelState()
+    monkeypatch.setattr(index_kernel, "_STATE", state)
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: unbuildable)
+    indices = torch.zeros(2, 5, dtype=torch.int64)
+    with pytest.warns(RuntimeWarning, match="could not be built .*C compiler.*torch's ops"):
+        assert queue_index_check(indices, 10, "m") is False
+    assert queue_index_check(indices, 10, "m") is False  # not tried again
+    # Once the kernel has run, a failure is the call's own: it is raised.
+    monkeypatch.setattr(index_kernel, "_STATE", index_kernel._KernelState())
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: StridedKernel())
+    assert queue_index_check(indices, 10, "m") is True
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: unbuildable)
+    with pytest.raises(RuntimeError, match="C compiler"):
+        queue_index_check(indices, 10, "m")
+
+
+def test_the_device_message_names_the_input_and_not_the_bound() -> None:
+    # The fused kernel is compiled once per message: a bound in it would compile one per event.
+    from soagen.runtime.model import _index_message
+
+    class Binding:
+        NAME = "EdgeClassifier"
+
+    message = _index_message(Binding, "edge_index", "nodes", None)  # type: ignore[arg-type]
+    assert message == (
+        "EdgeClassifier: input 'edge_index' holds indices outside [0, n), n the elements of "
+        "'nodes'; the model was not run"
+    )
+    assert "[0, 30), the elements of 'nodes'" in _index_message(Binding, "e", "nodes", 30)  # type: ignore[arg-type]
+
+
+def edge_values(dtype: torch.dtype) -> tuple[list[int], torch.Tensor]:
+    """Every edge value the dtype holds, and them as a tensor of that dtype."""
+    info = torch.iinfo(dtype)
+    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *INDEX_EDGE_VALUES})
+    values = [v for v in values if info.min <= v <= info.max]
+    # uint64 past 2**63 is written as the int64 of the same bits.
+    bits = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64)
+    return values, bits.view(dtype) if dtype.itemsize == 8 else bits.to(dtype)
+
+
+@cuda
+@pytest.mark.parametrize("name", INDEX_DTYPE_NAMES)
+def test_cuda_the_triton_kernel_is_exact_at_every_edge_of_every_dtype(name: str) -> None:
+    kernel = index_kernel.triton_index_kernel()
+    assert kernel is not None, "CUDA torch without Triton"
+    dtype = getattr(torch, name)
+    values, tensor = edge_values(dtype)
+    # In a transposed [values, 2] view (rows and columns swapped, strided), each value twice.
+    indices = tensor.cuda().repeat(2).view(2, -1).t()
+    for bound in INDEX_EDGE_BOUNDS:
+        expected = torch.tensor([0 <= v < bound for v in values]).repeat(2).view(2, -1).t()
+        assert torch.equal(indices_inside(indices, bound, kernel).cpu(), expected), bound
+
+
+BAD_INDEX = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from soagen.runtime.model import _queue_index_check
+    indices = torch.arange(2 * 1000, device="cuda").view(2, 1000).remainder(30)
+    indices = indices.to(getattr(torch, sys.argv[2]))
+    indices[1, 537] = int(sys.argv[3])
+    _queue_index_check(indices, 30, "Binding: input 'edge_index' holds indices outside [0, n)")
+    torch.cuda.synchronize()
+    print("ran")
+    """
+)
+
+
+@cuda
+@pytest.mark.parametrize(("dtype", "bad"), [("int64", 30), ("int32", -1), ("uint8", 255)])
+def test_cuda_a_bad_index_stops_the_stream(dtype: str, bad: int) -> None:
+    # A device-side assert ends the CUDA context: each case runs in a process of its own.
+    def run(value: int) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", BAD_INDEX, str(REPO), dtype, str(value)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    done = run(bad)
+    assert done.returncode != 0 and "ran" not in done.stdout
+    assert "holds indices outside [0, n)" in done.stderr or "device-side assert" in done.stderr
+    good = run(29)
+    assert good.returncode == 0 and "ran" in good.stdout, good.stderr
+
+
+@cuda
+def test_cuda_the_check_is_the_one_kernel_and_no_torch_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from soagen.runtime.model import _queue_index_check
+
+    kernel = index_kernel.triton_index_kernel()
+    assert kernel is not None, "CUDA torch without Triton"
+    launches: list[tuple[int, int]] = []
+
+    def counted(indices: torch.Tensor, shape: tuple[int, int], *args: object, **kw: object) -> None:
+        launches.append(shape)
+        kernel(indices, shape, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index_kernel, "triton_index_kernel", lambda: counted)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    for name in ("int64", "int32", "int16", "uint32"):
+        indices = torch.zeros(2, 1_000, dtype=getattr(torch, name), device="cuda")
+        with Ops() as ops:
+            _queue_index_check(indices, 1_000, "out of range")
+        assert ops.names == [], (name, ops.names)
+    assert launches == [(2, 1_000)] * 4
+    torch.cuda.synchronize()
