@@ -490,8 +490,8 @@ def test_gpu_collections_travel_through_cuda_shared_memory(
             nodes, edges = _event(nodes_n, edges_n, seed)
             out = EdgeScores.allocate(edges_n, device="cuda", zero=True)
             remote(nodes.to("cuda"), edges.to("cuda"), out=out)
-            assert remote.uses_cuda_shared_memory, remote.cuda_shared_memory_refusal
             assert torch.equal(out.score.cpu(), _expected(local, nodes, edges))
+            assert remote.uses_cuda_shared_memory, remote.cuda_shared_memory_refusal
             copied += _block_bytes(nodes, edges)
         # Each block is copied once, on the GPU, into the region the server reads.
         stats = remote.stats
