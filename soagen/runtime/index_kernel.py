@@ -1,8 +1,8 @@
 """The index range check on a GPU as one kernel, where Triton is there (CUDA builds of torch bring it).
 
 torch's ops need five kernels for it (min and max, two comparisons, their conjunction, the
-assert); launching them cost 39-48 us of host time per check on an H100, one Triton kernel 18-21
-us, and inside a CUDA graph 9-24 us against 5 us. The kernel reads each index once, in place (any
+assert), whose launches cost more than twice the host time of this one, and more inside a CUDA
+graph too (`benchmarks/RESULTS.md`). The kernel reads each index once, in place (any
 strides of a one- or two-dimensional view, any integer dtype), and a value outside [0, bound) fails
 a device-side assert, as `torch._assert_async` does: the stream stops before the model reads it,
 with no host wait. Importing this module imports neither torch nor Triton.
@@ -47,9 +47,9 @@ def queue_index_check(indices: torch.Tensor, bound: int, message: str) -> bool:
 
     Triton compiles the kernel once per dtype and message (a constant of the kernel): the message
     should name the input, not the bound, which changes from call to call."""
-    kernel = triton_index_kernel()
-    geometry = _rows_and_columns(indices)
-    if kernel is None or geometry is None or _STATE.unavailable:
+    kernel = None if _STATE.unavailable else triton_index_kernel()
+    geometry = None if kernel is None else _rows_and_columns(indices)
+    if kernel is None or geometry is None:
         return False
     shape, strides = geometry
     try:

@@ -949,12 +949,11 @@ def _index_message(
 ) -> str:
     """Without a bound for the device's check: its message is a constant of the fused kernel,
     compiled once per message, and the bound changes from event to event."""
-    extent = (
-        f"{bound}), the elements of {bound_name!r}"
-        if bound is not None
-        else (f"n), n the elements of {bound_name!r}")
+    extent = f"{bound}), the elements of" if bound is not None else "n), n the elements of"
+    return (
+        f"{cls.NAME}: input {index_name!r} holds indices outside [0, {extent} {bound_name!r}; "
+        f"the model was not run"
     )
-    return f"{cls.NAME}: input {index_name!r} holds indices outside [0, {extent}; the model was not run"
 
 
 def _queue_index_check(indices: torch.Tensor, bound: int, message: str) -> None:
