@@ -713,7 +713,8 @@ def test_batches_reach_the_model_as_slices(
     default batch size of 8 is rounded up to 32, one 128-byte bunch of float32."""
     event = _deep_set_event(peer, TOTAL, device)
     hits = event.inputs[1].size
-    recorder = Recorder(factory.track_hit_deep_set())
+    # On the event's device already: a model elsewhere is copied there, recorder and all.
+    recorder = Recorder(factory.track_hit_deep_set()).to(device)
     _run(peer.TrackHitDeepSet(recorder), event, batch_size=BATCH)
     assert len(recorder.calls) == 2
     for (start, stop), call in zip(((0, 32), (32, 35)), recorder.calls, strict=True):
@@ -728,7 +729,7 @@ def test_batches_reach_the_model_as_slices(
         assert bool((hit_scale[2] == 0.5).all())
     for model, shape in (("SimpleNet", (3,)), ("TinyResNet", (3, 9, 9))):
         event = _event(peer, model, TOTAL, device)
-        recorder = Recorder(getattr(factory, CASES[model].factory)())
+        recorder = Recorder(getattr(factory, CASES[model].factory)()).to(device)
         _run(getattr(peer, model)(recorder), event, batch_size=8)
         assert [call[0][0] for call in recorder.calls] == [(32, *shape), (3, *shape)]
 
