@@ -21,6 +21,7 @@ if typing.TYPE_CHECKING:
 _BLOCK = 1024
 _MAX_ROWS = 65_535
 _INT64_MAX = (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1
 
 
 class IndexKernel(typing.Protocol):
@@ -125,7 +126,6 @@ def triton_index_kernel() -> IndexKernel | None:
         import triton.language as tl
     except ImportError:
         return None
-    import torch
 
     # debug=True keeps `device_assert`, which Triton drops otherwise. Integer arguments are not
     # specialized: a bound or size that changes from event to event compiles nothing new.
@@ -158,7 +158,32 @@ def triton_index_kernel() -> IndexKernel | None:
         else:
             tl.store(inside_out + row * columns + column, inside.to(tl.int8), mask=present)
 
-    def launch(
+    return _TritonIndexKernel(triton, check)
+
+
+class _TritonIndexKernel:
+    """Launches `check`: the first launch of each kind of call through Triton's JIT dispatch,
+    which compiles, and later ones straight through the kernel it compiled.
+
+    Triton's dispatch binds and specializes every argument and looks the kernel up on each
+    launch, most of the check's host time on an H100 (`benchmarks/RESULTS.md`). Its choice of
+    kernel depends only on what `_kind` keys: the dtypes, each pointer's 16-byte alignment,
+    whether each integer fits 32 bits (the rest are not specialized), the constants and the
+    device. A Triton whose compiled kernels launch otherwise raises on the first direct
+    launch; from then on every launch goes through the dispatch, and a warning says so."""
+
+    def __init__(self, triton: typing.Any, check: typing.Any) -> None:
+        self._triton = triton
+        self._check = check
+        self._compiled: dict[tuple[object, ...], typing.Any] = {}
+        self.direct_launches = 0
+        self.direct_unavailable = "" if _launches_directly(triton) else "not this Triton"
+        # Triton's driver (the device and stream its dispatch launches on), read at the first
+        # launch, which may fail where no GPU is: the caller falls back to torch's ops then.
+        self._driver: typing.Any = None
+
+    def __call__(
+        self,
         indices: torch.Tensor,
         shape: tuple[int, int],
         strides: tuple[int, int],
@@ -169,14 +194,107 @@ def triton_index_kernel() -> IndexKernel | None:
         assert_inside: bool,
     ) -> None:
         rows, columns = shape
-        grid = (triton.cdiv(columns, _BLOCK), rows)
+        grid = ((columns + _BLOCK - 1) // _BLOCK, rows, 1)
         # The last valid index, not the bound: a bound of 2**63 has no int64.
-        arguments = (indices, rows, columns, *strides, min(bound - 1, _INT64_MAX), inside)
-        constants = {"MESSAGE": message, "ASSERT_INSIDE": assert_inside, "BLOCK": _BLOCK}
-        if indices.device.index == torch.cuda.current_device():
-            check[grid](*arguments, **constants)
-        else:  # Triton launches on the current device's current stream
-            with torch.cuda.device(indices.device):
-                check[grid](*arguments, **constants)
+        integers = (rows, columns, *strides, min(bound - 1, _INT64_MAX))
+        if self._driver is None:
+            self._driver = self._triton.runtime.driver.active
+        device = indices.get_device()
+        if device == self._driver.get_current_device():
+            self._launch(device, grid, indices, integers, inside, message, assert_inside)
+            return
+        import torch
 
-    return launch
+        with torch.cuda.device(device):
+            self._launch(device, grid, indices, integers, inside, message, assert_inside)
+
+    def _launch(
+        self,
+        device: int,
+        grid: tuple[int, int, int],
+        indices: torch.Tensor,
+        integers: tuple[int, ...],
+        inside: torch.Tensor,
+        message: str,
+        assert_inside: bool,
+    ) -> None:
+        kind = None
+        if not self.direct_unavailable:
+            kind = _kind(device, indices, inside, integers, message, assert_inside)
+            compiled = self._compiled.get(kind)
+            if compiled is not None and self._launch_directly(
+                compiled, device, grid, (indices, *integers, inside, message, assert_inside, _BLOCK)
+            ):
+                return
+        launched = self._check[grid](
+            indices, *integers, inside, MESSAGE=message, ASSERT_INSIDE=assert_inside, BLOCK=_BLOCK
+        )
+        if kind is not None and launched is not None and not self.direct_unavailable:
+            self._compiled[kind] = launched
+
+    def _launch_directly(
+        self,
+        compiled: typing.Any,
+        device: int,
+        grid: tuple[int, int, int],
+        arguments: tuple[object, ...],
+    ) -> bool:
+        """Launch the compiled kernel on the current stream; False where it cannot (said once)."""
+        runtime = self._triton.knobs.runtime
+        stream = self._driver.get_current_stream(device)
+        try:
+            # As Triton's dispatch launches the kernel it looked up, profiler hooks included.
+            metadata = compiled.launch_metadata(grid, stream, *arguments)
+            compiled.run(
+                *grid,
+                stream,
+                compiled.function,
+                compiled.packed_metadata,
+                metadata,
+                runtime.launch_enter_hook,
+                runtime.launch_exit_hook,
+                *arguments,
+            )
+        except Exception as error:
+            self.direct_unavailable = f"{type(error).__name__}: {error}"
+            self._compiled.clear()
+            warnings.warn(
+                f"soagen: the index range check's kernel could not be launched directly "
+                f"({self.direct_unavailable}); Triton's dispatch launches it instead",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            return False
+        self.direct_launches += 1
+        return True
+
+
+def _launches_directly(triton: typing.Any) -> bool:
+    """Whether this Triton's compiled kernels take the launch `_launch_directly` makes: the one
+    its own dispatch makes from Triton 3.4 (where `triton.knobs` came) on."""
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+    return version >= (3, 4) and hasattr(triton, "knobs")
+
+
+def _kind(
+    device: int,
+    indices: torch.Tensor,
+    inside: torch.Tensor,
+    integers: tuple[int, ...],
+    message: str,
+    assert_inside: bool,
+) -> tuple[object, ...]:
+    """What Triton's dispatch chooses the compiled kernel by, for `check`'s arguments."""
+    wide = 0  # bit i: integer i is past int32 (none is negative but -1, none past int64)
+    for place, value in enumerate(integers):
+        wide |= (value > _INT32_MAX) << place
+    return (
+        device,
+        indices.dtype,
+        inside.dtype,
+        indices.data_ptr() % 16 == 0,
+        inside.data_ptr() % 16 == 0,
+        wide,
+        message,
+        assert_inside,
+    )

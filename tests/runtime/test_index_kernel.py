@@ -2,8 +2,10 @@
 
 On CPU, a double that does what the kernel's contract says (read [rows, columns] from the view's
 first element with the strides it is given) checks the geometry soagen hands the kernel for every
-kind of view; the Triton kernel itself runs on a GPU: exact at every edge of every dtype, a bad
-index stops the stream with a device-side assert, and the check is that kernel alone.
+kind of view, and stand-ins for Triton's dispatch and compiled kernel check which launches go
+past the dispatch; the Triton kernel itself runs on a GPU: exact at every edge of every dtype
+(direct launches among them), a bad index stops the stream with a device-side assert, and the
+check is that kernel alone.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
+import typing
 
 import pytest
 
@@ -131,6 +135,129 @@ def test_a_kernel_that_cannot_be_built_leaves_the_check_to_torch_and_says_so(
         queue_index_check(indices, 10, "m")
 
 
+class CompiledStandIn:
+    """A kernel Triton's dispatch compiled: `run` records a direct launch, or fails as a Triton
+    whose launcher takes other arguments would."""
+
+    function = "cu function"
+    packed_metadata = "packed metadata"
+
+    def __init__(self, launches: list[tuple[object, ...]], fails: bool) -> None:
+        self.launches = launches
+        self.fails = fails
+
+    def launch_metadata(self, grid: tuple[int, ...], stream: int, *args: object) -> object:
+        return ("metadata", grid, stream)
+
+    def run(self, *args: object) -> None:
+        if self.fails:
+            raise TypeError("function takes exactly 13 arguments (16 given)")
+        self.launches.append(args)
+
+
+class JitStandIn:
+    """Triton's JIT function: `check[grid](...)` dispatches (recorded) and returns what it
+    compiled for that kind of call."""
+
+    def __init__(self, direct_fails: bool = False) -> None:
+        self.dispatched: list[tuple[object, ...]] = []
+        self.direct: list[tuple[object, ...]] = []
+        self.direct_fails = direct_fails
+
+    def __getitem__(self, grid: tuple[int, ...]) -> typing.Callable[..., CompiledStandIn]:
+        def dispatch(*args: object, **constants: object) -> CompiledStandIn:
+            self.dispatched.append((grid, *args, *constants.values()))
+            return CompiledStandIn(self.direct, self.direct_fails)
+
+        return dispatch
+
+
+def triton_stand_in(version: str = "3.6.0") -> types.SimpleNamespace:
+    active = types.SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda d: 77)
+    return types.SimpleNamespace(
+        __version__=version,
+        runtime=types.SimpleNamespace(driver=types.SimpleNamespace(active=active)),
+        knobs=types.SimpleNamespace(
+            runtime=types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook="exit hook")
+        ),
+    )
+
+
+def launch(
+    kernel: index_kernel.IndexKernel, indices: torch.Tensor, bound: int, message: str = "m"
+) -> None:
+    geometry = index_kernel._rows_and_columns(indices)
+    assert geometry is not None
+    kernel(indices, *geometry, bound, indices, message=message, assert_inside=True)
+
+
+def test_each_kind_of_call_is_dispatched_once_and_then_launched_directly() -> None:
+    check = JitStandIn()
+    kernel = index_kernel._TritonIndexKernel(triton_stand_in(), check)
+    buffer = torch.zeros(4, 3_000, dtype=torch.int64)
+    indices = buffer[:2]
+    launch(kernel, indices, 100)  # compiled by the dispatch
+    launch(kernel, indices, 5_000)  # another bound, the same kernel: launched directly
+    assert len(check.dispatched) == 1 and kernel.direct_launches == 1
+    # Launched as the dispatch launches: grid, stream, the kernel's handles, the metadata, the
+    # hooks, then every argument, constants included, the last index for the bound.
+    assert check.direct == [
+        (
+            3,
+            2,
+            1,
+            77,
+            "cu function",
+            "packed metadata",
+            ("metadata", (3, 2, 1), 77),
+            None,
+            "exit hook",
+            indices,
+            2,
+            3_000,
+            3_000,
+            1,
+            4_999,
+            indices,
+            "m",
+            True,
+            1_024,
+        )
+    ]
+    # Whatever Triton compiles another kernel for is another kind, dispatched first: another
+    # dtype, a pointer off 16 bytes, an integer past 32 bits, another message.
+    others = [
+        (indices.to(torch.int32), 100, "m"),
+        (buffer[:2, 1:], 100, "m"),
+        (indices, 2**40, "m"),
+        (torch.zeros(1, dtype=torch.int8).expand(2, 2**31 + 5), 100, "m"),  # no memory
+        (indices, 100, "another input"),
+    ]
+    for view, bound, message in others:
+        launch(kernel, view, bound, message)
+        launch(kernel, view, bound, message)
+    assert len(check.dispatched) == 1 + len(others)
+    assert kernel.direct_launches == 1 + len(others)
+
+
+def test_a_triton_whose_kernels_launch_otherwise_is_dispatched_and_says_so() -> None:
+    check = JitStandIn(direct_fails=True)
+    kernel = index_kernel._TritonIndexKernel(triton_stand_in(), check)
+    indices = torch.zeros(2, 10, dtype=torch.int64)
+    launch(kernel, indices, 100)
+    with pytest.warns(RuntimeWarning, match="could not be launched directly .*13 arguments"):
+        launch(kernel, indices, 100)  # the direct launch fails: dispatched after all
+    for _ in range(3):
+        launch(kernel, indices, 100)
+    assert len(check.dispatched) == 5 and kernel.direct_launches == 0
+    # A Triton older than the launch this makes is never launched directly.
+    old = JitStandIn()
+    kernel = index_kernel._TritonIndexKernel(triton_stand_in("3.3.1"), old)
+    for _ in range(3):
+        launch(kernel, indices, 100)
+    assert len(old.dispatched) == 3 and kernel.direct_unavailable == "not this Triton"
+
+
 def test_the_device_message_names_the_input_and_not_the_bound() -> None:
     # The fused kernel is compiled once per message: a bound in it would compile one per event.
     from soagen.runtime.model import _index_message
@@ -168,17 +295,25 @@ def test_cuda_the_triton_kernel_is_exact_at_every_edge_of_every_dtype(name: str)
     for bound in INDEX_EDGE_BOUNDS:
         expected = torch.tensor([0 <= v < bound for v in values]).repeat(2).view(2, -1).t()
         assert torch.equal(indices_inside(indices, bound, kernel).cpu(), expected), bound
+    # Past each kind's first launch, which compiles, the kernel launches directly.
+    assert kernel.direct_launches > 0 and not kernel.direct_unavailable  # type: ignore[attr-defined]
 
 
 BAD_INDEX = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[1])
+    from soagen.runtime.index_kernel import triton_index_kernel
     from soagen.runtime.model import _queue_index_check
+    message = "Binding: input 'edge_index' holds indices outside [0, n)"
     indices = torch.arange(2 * 1000, device="cuda").view(2, 1000).remainder(30)
     indices = indices.to(getattr(torch, sys.argv[2]))
+    # The first launch compiles; the one that meets the bad index is a direct launch.
+    _queue_index_check(indices, 30, message)
+    torch.cuda.synchronize()
     indices[1, 537] = int(sys.argv[3])
-    _queue_index_check(indices, 30, "Binding: input 'edge_index' holds indices outside [0, n)")
+    _queue_index_check(indices, 30, message)
+    print("direct launches", triton_index_kernel().direct_launches, flush=True)
     torch.cuda.synchronize()
     print("ran")
     """
@@ -198,6 +333,7 @@ def test_cuda_a_bad_index_stops_the_stream(dtype: str, bad: int) -> None:
     assert "holds indices outside [0, n)" in done.stderr or "device-side assert" in done.stderr
     good = run(29)
     assert good.returncode == 0 and "ran" in good.stdout, good.stderr
+    assert "direct launches 1" in done.stdout and "direct launches 1" in good.stdout
 
 
 @cuda
