@@ -83,7 +83,12 @@ from benchmarks.models import ColumnsFirst, GnnColumnsFirst, build_mlp  # noqa: 
 from examples.gnn_model import build_model as build_gnn  # noqa: E402
 from soagen.dsl.loader import load  # noqa: E402
 from soagen.generator.python import generate  # noqa: E402
-from soagen.runtime import ModelBinding, set_cpu_threads, set_malloc_tuning  # noqa: E402
+from soagen.runtime import (  # noqa: E402
+    ModelBinding,
+    index_kernel,
+    set_cpu_threads,
+    set_malloc_tuning,
+)
 from soagen.runtime.buffers import copy_values  # noqa: E402
 
 MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
@@ -106,6 +111,7 @@ INDEX_CHECKED = "soagen call, null model + index range check"
 # On a GPU, the same calls replayed from CUDA graphs (`graphs=True`).
 NULL_GRAPHS = NULL_CALL + ", CUDA graphs"
 INDEX_CHECKED_GRAPHS = INDEX_CHECKED + ", CUDA graphs"
+INDEX_CHECKED_DISPATCHED = INDEX_CHECKED + ", kernel through Triton's dispatch"
 INDEX_CHECK_OFF = '`index_bounds={"edge_index": None}`'
 # The size the conversion target names (n = 1e7).
 TARGET_N = 10**7
@@ -750,7 +756,27 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
         graphed_checked = module.EdgeClassifier(NullModel(null_result[:2].clone()), graphs=True)
         case.overhead[NULL_GRAPHS] = lambda: graphed(nodes, edges, out=tiny_out)
         case.overhead[INDEX_CHECKED_GRAPHS] = lambda: graphed_checked(nodes, edges, out=tiny_out)
+        dispatched = dispatched_index_check(lambda: null_checked(nodes, edges, out=tiny_out))
+        if dispatched is not None:
+            case.overhead[INDEX_CHECKED_DISPATCHED] = dispatched
     return case
+
+
+def dispatched_index_check(call: Callable[[], object]) -> Callable[[], object] | None:
+    """`call` with the index check's kernel launched through Triton's dispatch every time, not
+    directly (`index_kernel`), to weigh the direct launch side by side; None without it."""
+    kernel: Any = index_kernel.triton_index_kernel()
+    if kernel is None or getattr(kernel, "direct_unavailable", "unknown"):
+        return None
+
+    def timed() -> object:
+        kernel.direct_unavailable = "timed through the dispatch"
+        try:
+            return call()
+        finally:
+            kernel.direct_unavailable = ""
+
+    return timed
 
 
 BUILDERS: dict[str, Callable[[int, str, Tools], Case]] = {"mlp": mlp_case, "gnn": gnn_case}
@@ -1360,6 +1386,10 @@ def overhead_table(by_n: dict[int, dict[str, Stats]]) -> list[str]:
             ("(soagen null call + index range check)", INDEX_CHECKED),
             ("soagen null call, CUDA graphs", NULL_GRAPHS),
             ("(soagen null call + index range check), CUDA graphs", INDEX_CHECKED_GRAPHS),
+            (
+                "(soagen null call + index range check), kernel through Triton's dispatch",
+                INDEX_CHECKED_DISPATCHED,
+            ),
         )
         if name in by_n[sizes[0]]
     ]
