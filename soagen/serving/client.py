@@ -987,13 +987,30 @@ def _event_error(response: typing.Any) -> str:
     try:
         values = response.as_numpy(ERROR_OUTPUT)
     except Exception as error:
-        return f"its soagen_error output could not be read ({type(error).__name__}: {error})"
+        return (
+            f"its soagen_error output could not be read ({type(error).__name__}: {error})"
+            f"{_all_empty(response)}"
+        )
     if values is None:
         return "its answer has no soagen_error output"
     if values.size != 1:
-        return f"its soagen_error output holds {values.size} values, not one"
+        return f"its soagen_error output holds {values.size} values, not one{_all_empty(response)}"
     value = values.reshape(-1)[0]
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _all_empty(response: typing.Any) -> str:
+    """Where every output the response carries is 0 bytes long, what is known to answer so."""
+    try:
+        contents = list(response.get_response().raw_output_contents)
+    except Exception:
+        return ""
+    if not contents or any(contents):
+        return ""
+    return (
+        "; every output in the answer is empty (0 bytes), as PyTriton 0.7.0 answers when the "
+        "server runs it beside NumPy 2: it needs NumPy < 2"
+    )
 
 
 def _declared_tensor(values: NDArray[typing.Any] | torch.Tensor, wire: WireTensor) -> torch.Tensor:

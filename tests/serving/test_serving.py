@@ -287,6 +287,38 @@ def _wire_request(nodes: Nodes, edges: Edges) -> object:
     return type("Request", (), {"data": data})()
 
 
+@needs_triton
+def test_an_answer_of_empty_outputs_is_refused_with_its_known_cause() -> None:
+    # PyTriton 0.7.0 beside NumPy 2 (seen on a GPU image) answered every output with 0 bytes at
+    # its declared shape: the client's refusal says so. Real gRPC responses, as they arrive.
+    from tritonclient.grpc import InferResult, service_pb2
+
+    from soagen.serving.client import _event_error
+    from soagen.serving.wire import ERROR_OUTPUT
+
+    def answer(error: bytes, scores: bytes) -> InferResult:
+        proto = service_pb2.ModelInferResponse()
+        for name, datatype, shape in (
+            (ERROR_OUTPUT, "BYTES", [1]),
+            ("edge_scores", "FP32", [1, 3]),
+        ):
+            output = proto.outputs.add()
+            output.name, output.datatype = name, datatype
+            output.shape.extend(shape)
+        proto.raw_output_contents.extend([error, scores])
+        return InferResult(proto)
+
+    found = _event_error(answer(b"", b""))
+    assert "could not be read" in found
+    assert "every output in the answer is empty (0 bytes)" in found and "NumPy < 2" in found
+    # A soagen_error output that is well formed is read, and says nothing else.
+    assert _event_error(answer(len(b"oops").to_bytes(4, "little") + b"oops", bytes(12))) == "oops"
+    assert _event_error(answer(bytes(4), bytes(12))) == ""
+    # Unreadable, but the answer is not all empty: no guess at a cause.
+    found = _event_error(answer(b"\x01", bytes(12)))
+    assert "could not be read" in found and "NumPy" not in found
+
+
 def test_an_event_that_fails_among_others_is_answered_alone(local: EdgeClassifier) -> None:
     # PyTriton fails a whole execution when its function raises: the server answers a bad event
     # with its error and placeholder outputs, and the events batched with it keep their results.
