@@ -151,3 +151,15 @@ INDEX_EDGE_VALUES += (2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1)
 INDEX_EDGE_BOUNDS = (0, 1, 2, 127, 128, 129, 255, 256, 257, 32_767, 32_768, 32_769, 65_535)
 INDEX_EDGE_BOUNDS += (65_536, 65_537, 2**31 - 1, 2**31, 2**31 + 1, 2**32 - 1, 2**32, 2**32 + 1)
 INDEX_EDGE_BOUNDS += (2**62, 2**63)
+
+
+def index_edge_values(dtype: Any) -> tuple[list[int], Any]:
+    """Every edge value a torch integer dtype holds (its extremes, -1, `INDEX_EDGE_VALUES`), and
+    them as a tensor of that dtype (uint64 past 2**63 written as the int64 of the same bits)."""
+    import torch
+
+    info = torch.iinfo(dtype)
+    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *INDEX_EDGE_VALUES})
+    values = [v for v in values if info.min <= v <= info.max]
+    bits = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64)
+    return values, bits.view(dtype) if dtype.itemsize == 8 else bits.to(dtype)

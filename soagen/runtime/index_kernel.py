@@ -240,9 +240,9 @@ class _TritonIndexKernel:
         arguments: tuple[object, ...],
     ) -> bool:
         """Launch the compiled kernel on the current stream; False where it cannot (said once)."""
-        runtime = self._triton.knobs.runtime
-        stream = self._driver.get_current_stream(device)
         try:
+            runtime = self._triton.knobs.runtime
+            stream = self._driver.get_current_stream(device)
             # As Triton's dispatch launches the kernel it looked up, profiler hooks included.
             metadata = compiled.launch_metadata(grid, stream, *arguments)
             compiled.run(

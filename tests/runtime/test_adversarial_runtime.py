@@ -30,7 +30,7 @@ from soagen.runtime.errors import (
     UnsupportedBufferError,
 )
 from soagen.runtime.spec import StridedView
-from tests.helpers import INDEX_DTYPE_NAMES, INDEX_EDGE_BOUNDS, INDEX_EDGE_VALUES
+from tests.helpers import INDEX_DTYPE_NAMES, INDEX_EDGE_BOUNDS, index_edge_values
 
 SCHEMA = """
 layout Points {
@@ -527,14 +527,10 @@ def test_the_queued_index_check_is_exact_at_every_edge_of_every_dtype(dtype: tor
     # into 40k nodes are all valid, and were refused once the bound wrapped around in the dtype.
     from soagen.runtime.model import _queue_index_check
 
-    info = torch.iinfo(dtype)
-    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *INDEX_EDGE_VALUES})
-    for value in [v for v in values if info.min <= v <= info.max]:
+    values, as_dtype = index_edge_values(dtype)
+    for value, stored in zip(values, as_dtype, strict=True):
         indices = torch.zeros(3, 2, dtype=dtype)
-        if value > torch.iinfo(torch.int64).max:
-            indices[1, 0] = torch.tensor(value - 2**64).view(dtype)
-        else:
-            indices[1, 0] = value
+        indices[1, 0] = stored
         for bound in INDEX_EDGE_BOUNDS:
             valid = 0 <= value < bound
             try:

@@ -25,8 +25,8 @@ from soagen.runtime.index_kernel import indices_inside, queue_index_check  # noq
 from tests.helpers import (  # noqa: E402
     INDEX_DTYPE_NAMES,
     INDEX_EDGE_BOUNDS,
-    INDEX_EDGE_VALUES,
     REPO,
+    index_edge_values,
 )
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -273,23 +273,13 @@ def test_the_device_message_names_the_input_and_not_the_bound() -> None:
     assert "[0, 30), the elements of 'nodes'" in _index_message(Binding, "e", "nodes", 30)  # type: ignore[arg-type]
 
 
-def edge_values(dtype: torch.dtype) -> tuple[list[int], torch.Tensor]:
-    """Every edge value the dtype holds, and them as a tensor of that dtype."""
-    info = torch.iinfo(dtype)
-    values = sorted({info.min, info.min + 1, -1, info.max - 1, info.max, *INDEX_EDGE_VALUES})
-    values = [v for v in values if info.min <= v <= info.max]
-    # uint64 past 2**63 is written as the int64 of the same bits.
-    bits = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64)
-    return values, bits.view(dtype) if dtype.itemsize == 8 else bits.to(dtype)
-
-
 @cuda
 @pytest.mark.parametrize("name", INDEX_DTYPE_NAMES)
 def test_cuda_the_triton_kernel_is_exact_at_every_edge_of_every_dtype(name: str) -> None:
     kernel = index_kernel.triton_index_kernel()
     assert kernel is not None, "CUDA torch without Triton"
     dtype = getattr(torch, name)
-    values, tensor = edge_values(dtype)
+    values, tensor = index_edge_values(dtype)
     # In a transposed [values, 2] view (rows and columns swapped, strided), each value twice.
     indices = tensor.cuda().repeat(2).view(2, -1).t()
     for bound in INDEX_EDGE_BOUNDS:
