@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -76,7 +77,7 @@ from soagen.runtime.aot import (
     instruction_sets,
 )
 from soagen.runtime.collection import Collection
-from soagen.runtime.model import ModelBinding
+from soagen.runtime.model import ModelBinding, index_message
 
 Progress = Callable[[str], None]
 
@@ -193,6 +194,9 @@ def _build_package(
             wrapped = SchemaOrder(layers[0], binding)
             rewritten, _ = run_on_copies(wrapped, inputs)
             check_agreement(binding, "the columnwise model", rewritten, results, sizes, fill)
+        checked = index_checks_in_package(binding, bounds, device)
+        if checked:
+            wrapped = _IndexRangeChecks(wrapped, binding, checked)
         arguments = list(inputs)
         variable: list[bool] = []  # per output written: its element count follows an input's
         if variant.write_outputs:
@@ -220,6 +224,7 @@ def _build_package(
         "factory": factory,
         "binding": describe_binding(binding),
         "index_bounds": bounds,
+        "index_ranges_checked": checked,
         "columnwise": None if layers is None else layers[1],
         "writes_outputs": variant.write_outputs,
         "writes_inputs": writes_inputs,
@@ -235,6 +240,16 @@ def _build_package(
             _compile(exported, staging, metadata, log)
         with stages.stage("checking the package against the eager model"):
             _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
+            if checked:
+                verify_index_checks(
+                    binding,
+                    AotBackend(staging, binding).on(device),
+                    example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill),
+                    example_outputs(binding, layouts, results, device)
+                    if variant.write_outputs
+                    else None,
+                    checked,
+                )
         with stages.stage(f"packaging {target.as_posix()}"):
             os.replace(staging, target)
         lines = log.text.getvalue().count("\n")
@@ -287,6 +302,122 @@ def unbounded_index_inputs(binding: type[ModelBinding], bounds: Mapping[str, str
         for spec in binding.INPUTS
         if spec.block.dtype in INTEGER_DTYPES and spec.name not in bounds
     ]
+
+
+# Index dtypes whose range the package checks itself: the comparisons export and Inductor's C++
+# take for every one of them (torch's unsigned types past uint8 have few operators).
+_CHECKED_IN_PACKAGE = frozenset({"int8", "int16", "int32", "int64", "uint8"})
+
+
+def index_checks_in_package(
+    binding: type[ModelBinding], bounds: Mapping[str, str], device: torch.device
+) -> dict[str, str]:
+    """The index inputs (with the input each indexes) whose range a package for `device` checks
+    itself, so that a binding's repeated calls leave the check to it: on CPU, where a failed check
+    raises from the package. On a GPU it would be a device-side assert that a Triton kernel built
+    without debug drops, so the binding's own kernel checks there."""
+    if device.type != "cpu":
+        return {}
+    dtypes = {spec.name: spec.block.dtype for spec in binding.INPUTS}
+    return {
+        index_name: bound_name
+        for index_name, bound_name in bounds.items()
+        if dtypes[index_name] in _CHECKED_IN_PACKAGE
+    }
+
+
+class _IndexRangeChecks(torch.nn.Module):
+    """The model behind a range check of its index inputs, in the graph: every value of each
+    must lie in [0, n), n the element count of the input it indexes, or the package raises with
+    the binding's message before the model runs."""
+
+    def __init__(
+        self, model: torch.nn.Module, binding: type[ModelBinding], checked: Mapping[str, str]
+    ) -> None:
+        super().__init__()
+        self.model = model
+        position = {spec.name: i for i, spec in enumerate(binding.INPUTS)}
+        self.checks = [
+            (
+                position[index_name],
+                position[bound_name],
+                binding.INPUTS[position[bound_name]].block.axes.index("n"),
+                index_message(binding, index_name, bound_name, None),
+            )
+            for index_name, bound_name in checked.items()
+        ]
+
+    def forward(self, *inputs: torch.Tensor) -> typing.Any:
+        for index_position, bound_position, axis, message in self.checks:
+            indices, bound = inputs[index_position], inputs[bound_position].shape[axis]
+            torch._assert_async(((indices >= 0) & (indices < bound)).all(), message)
+        return self.model(*inputs)
+
+
+def verify_index_checks(
+    binding: type[ModelBinding],
+    runner: typing.Callable[[Sequence[torch.Tensor]], object],
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor] | None,
+    checked: Mapping[str, str],
+) -> None:
+    """The package must refuse each checked index input holding a value outside its range (n of
+    the input it indexes, and -1 where the dtype is signed), at its first and at its last
+    element, and write nothing into its output blocks (`outputs`, where it writes them) first: a
+    binding leaves those checks to it. Each value is put back after its trial."""
+    position = {spec.name: i for i, spec in enumerate(binding.INPUTS)}
+    for view in outputs or ():
+        view.fill_(-7)
+    arguments = [*inputs, *(outputs or ())]
+    for index_name, bound_name in checked.items():
+        indices = inputs[position[index_name]]
+        bound_spec = binding.INPUTS[position[bound_name]]
+        bound = inputs[position[bound_name]].shape[bound_spec.block.axes.index("n")]
+        limits = torch.iinfo(indices.dtype)
+        # n itself where the dtype holds it (in uint8, every value lies below n > 255).
+        values = [value for value in (bound, -1) if limits.min <= value <= limits.max]
+        corners = sorted({(0,) * indices.dim(), tuple(size - 1 for size in indices.shape)})
+        for corner, value in itertools.product(corners, values):
+            kept = indices[corner].item()
+            indices[corner] = value
+            try:
+                with torch.inference_mode(), _native_stderr_discarded():
+                    runner(arguments)
+                refused = False
+            except RuntimeError:
+                refused = True
+            finally:
+                indices[corner] = kept
+            trial = (
+                f"input {index_name!r} holding {value} at {list(corner)} ({bound_name!r} holds "
+                f"{bound} elements)"
+            )
+            if not refused:
+                raise CompileError(
+                    f"the compiled package for {binding.NAME} ran with {trial}: the index range "
+                    f"check compiled into it did not fire, so it was not written"
+                )
+            if any(bool((view != -7).any()) for view in outputs or ()):
+                raise CompileError(
+                    f"the compiled package for {binding.NAME} wrote into its output blocks "
+                    f"before the index range check compiled into it refused {trial}, so it was "
+                    f"not written"
+                )
+
+
+@contextlib.contextmanager
+def _native_stderr_discarded() -> Iterator[None]:
+    """The package's C++ runner prints each error it raises to the process's stderr, besides
+    raising it: the range check's trials expect theirs."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class _IntoOutputs(torch.nn.Module):

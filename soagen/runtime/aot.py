@@ -28,6 +28,7 @@ import ast
 import contextlib
 import json
 import operator
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -365,6 +366,11 @@ class AotBackend(Backend):
         self.metadata = metadata
         self.device_type = str(metadata.get("device", "cpu")).split(":", 1)[0]
         self._index_bounds: dict[str, str] = dict(metadata.get("index_bounds", {}))
+        # Recorded only where the build checked that the package refuses a bad index before
+        # writing anything (CPU, see `soagen.build.compile`); older packages have none.
+        self.index_ranges_checked = types.MappingProxyType(
+            dict(metadata.get("index_ranges_checked", {}))
+        )
         self.writes_outputs = bool(metadata.get("writes_outputs", False))
         self.writes_inputs = tuple(metadata.get("writes_inputs", ()))
         # A misaligned block the package reads is cloned inside it (correct, a copy and a warning
@@ -412,11 +418,7 @@ class AotBackend(Backend):
         first_output = len(self.binding.INPUTS)
         alignment = self.output_alignment
         if device.type != "cuda" and alignment is None:  # CPU: the call, no more
-
-            def run(inputs: Sequence[torch.Tensor]) -> object:
-                return run_compiled(list(inputs))
-
-            return _CheckedRunner(self._check, run)
+            return _CheckedRunner(self._check, run_compiled)  # it takes any sequence of tensors
         on_device: Callable[[], typing.ContextManager[object]] = (
             (lambda: torch.cuda.device(index)) if device.type == "cuda" else contextlib.nullcontext
         )

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import types
 import typing
 import warnings
 import zipfile
@@ -71,6 +72,10 @@ class Backend(abc.ABC):
     # Python). Where none moves (a package's C++ runner, ONNX Runtime, which takes its inputs
     # read-only), the binding hands plain views and watches no counter.
     moves_version_counters: typing.ClassVar[bool] = True
+    # Index inputs whose range the model checks itself, raising before it writes anything, each
+    # with the input it indexes (CPU packages of `soagen compile`): a call plan leaves those to
+    # it, and checks them in Python only to name the bad values once the model has refused them.
+    index_ranges_checked: Mapping[str, str] = types.MappingProxyType({})
 
     def __init__(self, description: str) -> None:
         self.description = description

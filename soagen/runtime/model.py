@@ -17,6 +17,7 @@ Importing this module imports no torch; backends load when a model is first buil
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import types
@@ -71,10 +72,12 @@ class _CallPlan:
     version counters (models run from Python) and the output checks (a model's result can)."""
 
     __slots__ = (
+        "call",
         "collections",
         "in_inference_mode",
         "index_checks",
         "key",
+        "model_index_checks",
         "runner",
         "signatures",
         "targets",
@@ -90,7 +93,9 @@ class _CallPlan:
         in_inference_mode: bool | None,
         targets: list[torch.Tensor] | None,
         signatures: list[_Signature],
-        index_checks: tuple[tuple[int, str, str, int], ...],
+        index_checks: tuple[_IndexCheck, ...],
+        model_index_checks: tuple[_IndexCheck, ...],
+        call: typing.Callable[[], object] | None,
     ) -> None:
         self.key = key
         self.collections = collections  # weak: the plan leaves with the first one collected
@@ -104,8 +109,18 @@ class _CallPlan:
         self.in_inference_mode = in_inference_mode
         self.targets = targets  # the output blocks; None when every output is empty
         self.signatures = signatures  # each target's (shape, dtype, device)
-        # (input position, its name, the bound input's name, that input's size)
-        self.index_checks = index_checks
+        self.index_checks = index_checks  # run before each call
+        # Those the model runs itself (`Backend.index_ranges_checked`): run here only after it
+        # failed, to name the values.
+        self.model_index_checks = model_index_checks
+        # The whole call as one bound call of the runner, where nothing else is left to Python:
+        # no index check, no version counter, no contiguous copy, a backend that writes its
+        # outputs (a package built with --write-outputs).
+        self.call = call
+
+
+# (input position, its name, the bound input's name, that input's size)
+_IndexCheck = tuple[int, str, str, int]
 
 
 class ModelBinding:
@@ -538,10 +553,14 @@ class ModelBinding:
         if _any_elements(outputs):
             targets = [outputs[name].block(block) for name, block in self._output_blocks]
         views = self._input_views(inputs)
-        checks = tuple(
-            (self._input_position[index_name], index_name, bound_name, inputs[bound_name].size)
-            for index_name, bound_name in self.index_bounds.items()
-        )
+        in_model = self._backend.index_ranges_checked
+        checks: list[_IndexCheck] = []
+        model_checks: list[_IndexCheck] = []
+        for index_name, bound_name in self.index_bounds.items():
+            check = (self._input_position[index_name], index_name, bound_name)
+            (model_checks if in_model.get(index_name) == bound_name else checks).append(
+                (*check, inputs[bound_name].size)
+            )
         plans = self._plans
 
         def forget(_: object) -> None:
@@ -551,11 +570,18 @@ class ModelBinding:
         # arguments are these views (and output blocks) at every call, but for contiguous copies,
         # made anew per call: a backend may check them once now.
         runner = None
+        call = None
         if targets is not None and self.contiguous and not self._backend.adapts_inputs:
             runner = self._backend.on(device)
         elif targets is not None:
             arguments = [*views, *targets] if self._backend.writes_outputs else views
             runner = self._backend.on_fixed_inputs(device, arguments)
+            if (
+                self._backend.writes_outputs
+                and not self._backend.moves_version_counters
+                and not checks
+            ):
+                call = functools.partial(runner, arguments)
         plan = _CallPlan(
             key=key,
             collections=tuple(weakref.ref(collection, forget) for collection in collections),
@@ -566,7 +592,9 @@ class ModelBinding:
             ),
             targets=targets,
             signatures=_signatures(targets),
-            index_checks=checks,
+            index_checks=tuple(checks),
+            model_index_checks=tuple(model_checks),
+            call=call,
         )
         with self._plans_lock:
             if len(plans) >= _PLANS_PER_BINDING:
@@ -578,6 +606,14 @@ class ModelBinding:
 
     def _run_plan(self, plan: _CallPlan, inputs: Mapping[str, Collection]) -> None:
         """A call whose checks its plan made: views, index ranges, the model, the write-back."""
+        call = plan.call
+        if call is not None:
+            try:
+                call()
+            except BaseException as error:
+                self._failed_plan(plan, error)
+                raise
+            return
         targets, runner = plan.targets, plan.runner
         if targets is None or runner is None:
             return  # every output empty
@@ -591,11 +627,19 @@ class ModelBinding:
             for position, index_name, bound_name, size in plan.index_checks:
                 _check_index_range(type(self), index_name, views[position], bound_name, size)
             self._run_on_views(views, runner, targets, plan.signatures)
-        except BaseException:
-            # The views may be what failed: a model that wrote into an input, or changed its
-            # shape in place (which moves its version counter too), has them as it left them.
-            self._plans.pop(plan.key, None)
+        except BaseException as error:
+            self._failed_plan(plan, error)
             raise
+
+    def _failed_plan(self, plan: _CallPlan, error: BaseException) -> None:
+        """Drop a plan whose call failed, and raise `IndexRangeError` naming the values where
+        the model refused an index its plan left it to check."""
+        # The views may be what failed: a model that wrote into an input, or changed its shape in
+        # place (which moves its version counter too), has them as it left them.
+        self._plans.pop(plan.key, None)
+        if isinstance(error, RuntimeError):
+            for position, index_name, bound_name, size in plan.model_index_checks:
+                _check_index_range(type(self), index_name, plan.views[position], bound_name, size)
 
     def _run_once(
         self,
@@ -890,11 +934,11 @@ def _check_index_range(
     `IndexRangeError`: for callers that wait for the device anyway (a remote call), and must not
     end the process's CUDA context with a device-side assert."""
     if not indices.is_cpu and not on_host:
-        _queue_index_check(indices, bound, _index_message(cls, index_name, bound_name, None))
+        _queue_index_check(indices, bound, index_message(cls, index_name, bound_name, None))
         return
     found = indices_outside(indices, bound)
     if found is not None:
-        message = _index_message(cls, index_name, bound_name, bound)
+        message = index_message(cls, index_name, bound_name, bound)
         raise IndexRangeError(f"{message} (values {found[0]}..{found[1]})")
 
 
@@ -944,7 +988,7 @@ _TORCH_REDUCTION_MAX = 1 << 15
 _UNSIGNED = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
 
-def _index_message(
+def index_message(
     cls: type[ModelBinding], index_name: str, bound_name: str, bound: int | None
 ) -> str:
     """Without a bound for the device's check: its message is a constant of the fused kernel,

@@ -311,6 +311,113 @@ def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> 
         compiled(nodes, edges, out=gnn.EdgeScores.allocate(20))
 
 
+def test_a_cpu_package_checks_its_index_ranges_before_it_runs(
+    gnn: ModuleType, gnn_package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The range check is compiled into a CPU package, so a repeated call leaves it to the
+    package: no Python check on the plan's calls. A bad index is still refused with the values
+    named (checked in Python once the package refused it), and nothing is written."""
+    import soagen.runtime.model as binding_module
+
+    compiled = gnn.EdgeClassifier.load(gnn_package)
+    assert dict(compiled._backend.index_ranges_checked) == {"edge_index": "node_features"}
+    checked: list[str] = []
+    python_check = binding_module._check_index_range
+
+    def counted(*arguments: Any, **options: Any) -> None:
+        checked.append(arguments[1])
+        python_check(*arguments, **options)
+
+    monkeypatch.setattr(binding_module, "_check_index_range", counted)
+    nodes, edges = _gnn_inputs(gnn, 10, 20)
+    out = gnn.EdgeScores.allocate(20)
+    compiled(nodes, edges, out=out)
+    assert checked == ["edge_index"]  # a first call checks as every call without a plan does
+    compiled(nodes, edges, out=out)  # makes the plan
+    (plan,) = compiled._plans.values()
+    assert plan.index_checks == ()
+    assert [check[1] for check in plan.model_index_checks] == ["edge_index"]
+    checked.clear()
+    expected = out.score.clone()
+    compiled(nodes, edges, out=out)
+    assert checked == []
+    torch.testing.assert_close(out.score, expected)
+    indices = edges.block("edge_index")
+    for where, value, shown in (((1, 19), 10, "0..10"), ((0, 0), -1, "-1..")):
+        kept = int(indices[where])
+        compiled(nodes, edges, out=out)  # the plan again
+        indices[where] = value
+        out.score.fill_(-7)
+        with pytest.raises(IndexRangeError, match=rf"outside \[0, 10\).*values {shown}") as error:
+            compiled(nodes, edges, out=out)
+        assert isinstance(error.value.__context__, RuntimeError)  # the package refused it first
+        assert checked[-1] == "edge_index" and not compiled._plans
+        assert bool((out.score == -7).all())
+        indices[where] = kept
+    views = [nodes.block("node_features"), indices, edges.block("edge_features")]
+    indices[0, 3] = 10
+    with pytest.raises(RuntimeError, match=r"'edge_index' holds indices outside \[0, n\)"):
+        compiled._backend.on(torch.device("cpu"))(views)  # the package alone
+
+
+def test_the_build_refuses_a_package_whose_index_check_does_not_hold(gnn: ModuleType) -> None:
+    """Doubles of the package's runner: one that refuses every bad index passes, and each value
+    tried is put back; one that checks only the first element, one that checks nothing and one
+    that writes its outputs before refusing are each refused."""
+    from soagen.build.compile import verify_index_checks
+
+    binding, bounds = gnn.EdgeClassifier, {"edge_index": "node_features"}
+    nodes, edges = _gnn_inputs(gnn, 10, 20)
+    inputs = [nodes.block("node_features"), edges.block("edge_index"), edges.block("edge_features")]
+    outputs = [gnn.EdgeScores.allocate(20).block("edge_scores")]
+    original = inputs[1].clone()
+    tried: list[tuple[int, int]] = []
+
+    def refusing(arguments: list[torch.Tensor]) -> None:
+        indices = arguments[1]
+        tried.append((int(indices.min()), int(indices.max())))
+        if bool(((indices < 0) | (indices >= 10)).any()):
+            raise RuntimeError("refused")
+
+    verify_index_checks(binding, refusing, inputs, outputs, bounds)
+    assert sorted(tried) == sorted([(-1, 9), (-1, 9), (0, 10), (0, 10)])  # two corners, two values
+    assert torch.equal(inputs[1], original)
+
+    def first_only(arguments: list[torch.Tensor]) -> None:
+        if not 0 <= int(arguments[1][0, 0]) < 10:
+            raise RuntimeError("refused")
+
+    def writes_first(arguments: list[torch.Tensor]) -> None:
+        arguments[-1].zero_()
+        refusing(arguments)
+
+    for runner, message in (
+        (first_only, r"holding 10 at \[1, 19\] \('node_features' holds 10 elements\): .* not fire"),
+        (lambda arguments: None, r"holding 10 at \[0, 0\].*did not fire"),
+        (writes_first, "wrote into its output blocks before the index range check"),
+    ):
+        with pytest.raises(CompileError, match=message):
+            verify_index_checks(binding, runner, inputs, outputs, bounds)
+        assert torch.equal(inputs[1], original)
+
+
+def test_index_checks_go_into_cpu_packages_for_the_dtypes_inductor_compares() -> None:
+    from types import SimpleNamespace
+
+    from soagen.build.compile import index_checks_in_package
+
+    def spec(name: str, dtype: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, block=SimpleNamespace(dtype=dtype))
+
+    class Binding:
+        INPUTS = (spec("points", "float32"), spec("small", "int32"), spec("wide", "uint32"))
+
+    bounds = {"small": "points", "wide": "points"}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert index_checks_in_package(Binding, bounds, cpu) == {"small": "points"}  # type: ignore[arg-type]
+    assert index_checks_in_package(Binding, bounds, cuda) == {}  # type: ignore[arg-type]
+
+
 def test_integer_inputs_without_a_bound_are_named(gnn: ModuleType) -> None:
     from soagen.build.compile import unbounded_index_inputs
     from soagen.build.model import resolve_index_bounds
@@ -367,6 +474,41 @@ def test_track_package_matches_eager(tracks: tuple[ModuleType, Path, Path]) -> N
         compiled(tracks_in, out=larger.slice(50, 50 + n))
         torch.testing.assert_close(larger.slice(50, 50 + n).q, want.q)
         assert not larger.q[:50].any() and not larger.q[50 + n :].any()
+
+
+def test_a_planned_call_of_a_package_that_writes_its_outputs_is_one_call_of_its_runner(
+    tracks: tuple[ModuleType, Path, Path],
+) -> None:
+    """Nothing is left to Python there (no index input, no counter, no write-back): the plan binds
+    the runner to its arguments once, and each call sees the collections' new values."""
+    module, _, package = tracks
+    planned = module.TrackNet.load(package)
+    tracks_in, out = module.Tracks.allocate(30), module.TrackOut.allocate(30)
+    tracks_in.cov.copy_(torch.eye(3).expand(30, 3, 3))
+    for seed in range(3):
+        tracks_in.block("momentum").copy_(
+            torch.randn(3, 30, generator=torch.Generator().manual_seed(seed))
+        )
+        tracks_in.bfield.fill_(seed)
+        planned(tracks_in, out=out)
+        want = module.TrackOut.allocate(30)
+        module.TrackNet.load(package)(tracks_in, out=want)  # a first call: no plan
+        torch.testing.assert_close(out.block("features"), want.block("features"))
+        torch.testing.assert_close(out.q, want.q)
+    (plan,) = planned._plans.values()
+    assert plan.call is not None and plan.call.func is plan.runner  # no Python frame between
+    assert [t.data_ptr() for t in plan.call.args[0]] == [
+        *(t.data_ptr() for t in plan.views),
+        *(t.data_ptr() for t in plan.targets),
+    ]
+
+    def failing() -> None:
+        raise RuntimeError("the runner failed")
+
+    plan.call = failing
+    with pytest.raises(RuntimeError, match="the runner failed"):
+        planned(tracks_in, out=out)
+    assert not planned._plans  # a failed call drops its plan
 
 
 def test_misaligned_output_blocks_of_a_writing_package_are_staged(

@@ -260,17 +260,17 @@ def test_a_triton_whose_kernels_launch_otherwise_is_dispatched_and_says_so() -> 
 
 def test_the_device_message_names_the_input_and_not_the_bound() -> None:
     # The fused kernel is compiled once per message: a bound in it would compile one per event.
-    from soagen.runtime.model import _index_message
+    from soagen.runtime.model import index_message
 
     class Binding:
         NAME = "EdgeClassifier"
 
-    message = _index_message(Binding, "edge_index", "nodes", None)  # type: ignore[arg-type]
+    message = index_message(Binding, "edge_index", "nodes", None)  # type: ignore[arg-type]
     assert message == (
         "EdgeClassifier: input 'edge_index' holds indices outside [0, n), n the elements of "
         "'nodes'; the model was not run"
     )
-    assert "[0, 30), the elements of 'nodes'" in _index_message(Binding, "e", "nodes", 30)  # type: ignore[arg-type]
+    assert "[0, 30), the elements of 'nodes'" in index_message(Binding, "e", "nodes", 30)  # type: ignore[arg-type]
 
 
 @cuda
