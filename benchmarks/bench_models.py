@@ -101,6 +101,7 @@ AOT_OPTIONS: dict[str, tuple[str, ...]] = {
     "aot": (),
     "aot-columnwise": ("columnwise",),
     "aot-columnwise-write": ("columnwise", "write_outputs"),
+    "aot-write": ("write_outputs",),
 }
 BACKENDS = ("eager", "torchscript", "compile", *AOT_OPTIONS)
 RTOL, ATOL = 1e-4, 1e-5
@@ -966,7 +967,17 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
     """Every backend's soagen call at n = 2 against its bare runner on the same views: the
     difference is the binding layer (views, checks, write-back) per call. Each is checked against
     the reference first, the bare runners and the null call included."""
-    found: dict[str, dict[str, Stats]] = {}
+    return {
+        model: time_paths(paths, repeats, min_sample_s, lambda: None, verifier(case))
+        for model, (case, paths) in small_call_paths(tools).items()
+    }
+
+
+def small_call_paths(tools: Tools) -> dict[str, tuple[Case, dict[str, Callable[[], object]]]]:
+    """Per model, its case at n = 2 and the paths `small_calls` times (`count_instructions.py`
+    counts them): each soagen call, its backend's bare runner, the parts of the AOT call, the
+    null call."""
+    found: dict[str, tuple[Case, dict[str, Callable[[], object]]]] = {}
     for model in ("mlp", "gnn"):
         case = BUILDERS[model](2, "cpu", tools)
         assert case.binding is not None
@@ -1015,8 +1026,7 @@ def small_calls(tools: Tools, repeats: int, min_sample_s: float) -> dict[str, di
                 paths["aot loader.run alone"] = raw
                 paths |= aot_call_parts(case, soagen, runner, views, targets)
         paths[NULL_CALL] = case.overhead[NULL_CALL]
-
-        found[model] = time_paths(paths, repeats, min_sample_s, lambda: None, verifier(case))
+        found[model] = (case, paths)
     return found
 
 

@@ -361,15 +361,13 @@ class EdgeClassifier(_soagen.ModelBinding):
         input(s) node_features go entire to every slice (every other collection
         of the call must then have the same size).
         """
-        self.run(
-            {
-                "node_features": nodes,
-                "edge_index": edges,
-                "edge_features": edges,
-            },
-            {
-                "edge_scores": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                nodes,  # node_features
+                edges,  # edge_index
+                edges,  # edge_features
+                out,  # edge_scores
+            ),
+            stream,
+            batch_size,
         )

@@ -466,17 +466,18 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
     )
     lines.append(docstring(doc, body))
     lines += unpack
-    lines.append(f"{body}self.run(")
+    # One collection per binding, inputs then outputs in schema order (`_call_in_schema_order`).
+    lines += [f"{body}self._call_in_schema_order(", f"{body}{INDENT}("]
     for direction, collections in (("input", parameters), ("output", out_of)):
-        lines.append(f"{body}{INDENT}{{")
         for b in model.bindings:
             if b.direction.value == direction:
-                key = f"{string_literal(b.name)}: "
-                lines.append(render(collections[b.layout_name], body + INDENT * 2, key, ","))
-        lines.append(f"{body}{INDENT}}},")
+                lines.append(
+                    render(collections[b.layout_name], body + INDENT * 2, "", f",  # {b.name}")
+                )
     lines += [
-        f"{body}{INDENT}stream=stream,",
-        f"{body}{INDENT}batch_size=batch_size,",
+        f"{body}{INDENT}),",
+        f"{body}{INDENT}stream,",
+        f"{body}{INDENT}batch_size,",
         f"{body})",
     ]
     return tuple(lines)

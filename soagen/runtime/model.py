@@ -220,7 +220,9 @@ class ModelBinding:
         ]
         inputs = [spec.name for spec in type(self).INPUTS]
         self._input_position = {name: position for position, name in enumerate(inputs)}
-        self._binding_names = (*inputs, *(spec.name for spec in type(self).OUTPUTS))
+        self._input_names = tuple(inputs)
+        self._output_names = tuple(spec.name for spec in type(self).OUTPUTS)
+        self._binding_names = (*inputs, *self._output_names)
         # (binding name, block spec) pairs, read on every call.
         self._input_blocks = [(spec.name, spec.block) for spec in type(self).INPUTS]
         self._output_blocks = [(spec.name, spec.block) for spec in type(self).OUTPUTS]
@@ -404,6 +406,29 @@ class ModelBinding:
             f"layout, in that order; got {got}"
         )
 
+    def _call_in_schema_order(
+        self,
+        collections: tuple[Collection, ...],
+        stream: object | None,
+        batch_size: int | None,
+    ) -> None:
+        """The generated `__call__`: one collection per binding, inputs then outputs in schema
+        order. A call with the collections of a plan runs it straight away: the plan's
+        collections are these very objects (it leaves when one of them is collected), in this
+        order, all checked when it was made."""
+        if stream is None and batch_size is None:
+            plan = self._plans.get(tuple(map(id, collections)))
+            if plan is not None:
+                self._run_plan(plan, collections)
+                return
+        first_output = len(self._input_names)
+        self.run(
+            dict(zip(self._input_names, collections[:first_output], strict=True)),
+            dict(zip(self._output_names, collections[first_output:], strict=True)),
+            stream=stream,
+            batch_size=batch_size,
+        )
+
     def run(
         self,
         inputs: Mapping[str, Collection],
@@ -432,7 +457,7 @@ class ModelBinding:
             key = tuple(map(id, collections))
             plan = self._plans.get(key)
             if plan is not None and (*inputs, *outputs) == self._binding_names:
-                self._run_plan(plan, inputs)
+                self._run_plan(plan, collections)
                 return
         cls = type(self)
         # Names and layouts depend only on the mapping's keys and the collections' classes:
@@ -477,7 +502,9 @@ class ModelBinding:
             # runs its plan, skipping every check above.
             if self._makes_plans and in_order and key is not None:
                 if self._called_before(key, collections):
-                    self._run_plan(self._plan(key, collections, inputs, outputs, device), inputs)
+                    self._run_plan(
+                        self._plan(key, collections, inputs, outputs, device), collections
+                    )
                     return
             self._run_once(inputs, outputs, device)
             return
@@ -604,8 +631,9 @@ class ModelBinding:
             plans[key] = plan
         return plan
 
-    def _run_plan(self, plan: _CallPlan, inputs: Mapping[str, Collection]) -> None:
-        """A call whose checks its plan made: views, index ranges, the model, the write-back."""
+    def _run_plan(self, plan: _CallPlan, collections: tuple[Collection, ...]) -> None:
+        """A call whose checks its plan made: views, index ranges, the model, the write-back;
+        `collections`, the plan's, inputs then outputs in schema order."""
         call = plan.call
         if call is not None:
             try:
@@ -622,7 +650,7 @@ class ModelBinding:
             # Views made inside inference mode share their buffer's version counter, and those
             # made outside it have their own (`Collection._block_with_own_version`): a call in the
             # other mode gets its own, as a call without a plan would.
-            views = self._input_views(inputs)
+            views = self._input_views(dict(zip(self._input_names, collections, strict=False)))
         try:
             for position, index_name, bound_name, size in plan.index_checks:
                 _check_index_range(type(self), index_name, views[position], bound_name, size)

@@ -718,20 +718,18 @@ class Tagger(_soagen.ModelBinding):
         `batch_size`: run in aligned slices of at most this many elements (every
         collection of the call must then have the same size).
         """
-        self.run(
-            {
-                "pf": jets,
-                "pf_t": jets,
-                "kinematics": jets,
-                "hessians": jets,
-                "weights": jets,
-                "weight": jets,
-                "samples": jets,
-                "cov": jets,
-            },
-            {
-                "probabilities": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                jets,  # pf
+                jets,  # pf_t
+                jets,  # kinematics
+                jets,  # hessians
+                jets,  # weights
+                jets,  # weight
+                jets,  # samples
+                jets,  # cov
+                out,  # probabilities
+            ),
+            stream,
+            batch_size,
         )

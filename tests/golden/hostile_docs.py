@@ -142,13 +142,11 @@ class Sneaky(_soagen.ModelBinding):
         `batch_size`: run in aligned slices of at most this many elements (every
         collection of the call must then have the same size).
         """
-        self.run(
-            {
-                "values": weird,
-            },
-            {
-                "out": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                weird,  # values
+                out,  # out
+            ),
+            stream,
+            batch_size,
         )

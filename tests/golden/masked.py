@@ -465,16 +465,14 @@ class MaskedNet(_soagen.ModelBinding):
         `batch_size`: run in aligned slices of at most this many elements (every
         collection of the call must then have the same size).
         """
-        self.run(
-            {
-                "features": particles,
-                "mask": masks,
-            },
-            {
-                "scores": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                particles,  # features
+                masks,  # mask
+                out,  # scores
+            ),
+            stream,
+            batch_size,
         )
 
 
@@ -533,17 +531,15 @@ class BatchedEdges(_soagen.ModelBinding):
         input(s) node_features, node_mask go entire to every slice (every other collection
         of the call must then have the same size).
         """
-        self.run(
-            {
-                "node_features": nodes,
-                "node_mask": masks,
-                "edge_index": edges,
-            },
-            {
-                "edge_scores": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                nodes,  # node_features
+                masks,  # node_mask
+                edges,  # edge_index
+                out,  # edge_scores
+            ),
+            stream,
+            batch_size,
         )
 
 
@@ -593,15 +589,13 @@ class SlicedNodes(_soagen.ModelBinding):
         `batch_size`: refused: the index input(s) edge_index number
         elements of inputs a slice would cut; declare those inputs `whole`.
         """
-        self.run(
-            {
-                "particles": particles,
-                "node_features": nodes,
-                "edge_index": edges,
-            },
-            {
-                "edge_scores": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                particles,  # particles
+                nodes,  # node_features
+                edges,  # edge_index
+                out,  # edge_scores
+            ),
+            stream,
+            batch_size,
         )

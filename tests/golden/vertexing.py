@@ -174,14 +174,12 @@ class VertexFinder(_soagen.ModelBinding):
         `batch_size`: refused: the index input(s) track_of number
         elements of inputs a slice would cut; declare those inputs `whole`.
         """
-        self.run(
-            {
-                "momenta": tracks,
-                "track_of": tracks,
-            },
-            {
-                "positions": out,
-            },
-            stream=stream,
-            batch_size=batch_size,
+        self._call_in_schema_order(
+            (
+                tracks,  # momenta
+                tracks,  # track_of
+                out,  # positions
+            ),
+            stream,
+            batch_size,
         )
