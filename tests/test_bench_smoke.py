@@ -263,3 +263,31 @@ def test_the_serving_benchmark_refuses_a_binding_that_disagrees() -> None:
     with pytest.raises(SystemExit, match=r"2 server\(s\): event 0 \(1 edges\) differs"):
         bench.check_results(EdgeClassifier(other), events, expected, "2 server(s)")
     assert bench.stream(local, events, 2) > 0
+
+
+def test_instruction_counts_are_read_per_path_and_judged_against_each_runner(
+    tmp_path: Path,
+) -> None:
+    """`count_instructions.py` reads callgrind's dumps by the label each was dumped at (in dump
+    order, 10 after 9), takes the empty call's count off every path, and sets each soagen path
+    against its own backend's bare runner. (Running valgrind takes minutes: not here.)"""
+    sys.path.insert(0, str(REPO))
+    count = importlib.import_module("benchmarks.count_instructions")
+    dumps = {
+        1: (count.EMPTY_CALL, 1_000),
+        2: ("gnn/soagen aot write", 340_000),
+        10: ("gnn/aot write runner alone", 320_000),
+        11: ("gnn/ideal (eager, contiguous)", 900_000),
+    }
+    for number, (label, total) in dumps.items():
+        (tmp_path / f"callgrind.out.{number}").write_text(
+            f"version: 1\ncreator: callgrind-3.19.0\ndesc: Trigger: Client Request: {label}\n"
+            f"events: Ir\nsummary: {total}\n"
+        )
+    (tmp_path / "callgrind.out").write_text("desc: Trigger: Program termination\ntotals: 5\n")
+    counts = count.counted(tmp_path)
+    assert list(counts) == [label for label, _ in dumps.values()]
+    rows = count.table(counts, calls=10)
+    assert "| gnn | soagen aot write | 33,900 | +2,000 |" in rows
+    assert "| gnn | aot write runner alone | 31,900 |  |" in rows
+    assert "| gnn | ideal (eager, contiguous) | 89,900 |  |" in rows
