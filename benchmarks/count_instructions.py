@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ from soagen.runtime import set_cpu_threads  # noqa: E402
 # and with --write-outputs (the call a plan runs as one bound call of the runner).
 BACKENDS = ["eager", "aot", "aot-write"]
 EMPTY_CALL = "empty call (the loop)"
+# The paths counted at the main tables' sizes (`--sizes`), besides the ideal one.
+SIZED_PATHS = ("soagen ", "naive torch.stack")
 MARCH = "x86-64-v3"
 
 _CLIENT_REQUESTS = r"""
@@ -96,50 +98,77 @@ def child(args: argparse.Namespace) -> int:
     for entry in args.package:
         key, path = entry.split("=", 1)
         tools.packages[key] = Path(path)
-    labelled: list[tuple[str, Callable[[], object]]] = [("-", lambda: None)]
+    labelled: list[tuple[str, Callable[[], object], int]] = [(EMPTY_CALL, lambda: None, args.calls)]
     for model, (case, paths) in bench_models.small_call_paths(tools).items():
         check = bench_models.verifier(case)
         for name, path in paths.items():
             label = f"{model}/{name}"
             if args.only is None or args.only in label or name.endswith("runner alone"):
                 check(name, path)
-                labelled.append((label, path))
-    for _, path in labelled:
-        for _ in range(100):
+                labelled.append((label, path, args.calls))
+    for n in args.sizes:
+        # Fewer calls where each does more: the count per call is as exact with a few.
+        calls = max(5, args.calls * 100 // n)
+        for model, build in bench_models.BUILDERS.items():
+            case = build(n, "cpu", tools)
+            check = bench_models.verifier(case)
+            for name, path in case.paths.items():
+                if name == "ideal" or name.startswith(SIZED_PATHS):
+                    check(name, path)
+                    labelled.append((f"{model} n={n}/{name}", path, calls))
+    for _, path, calls in labelled:
+        for _ in range(min(calls, 100)):
             path()
+    (Path(args.folder) / "calls.json").write_text(
+        json.dumps({label: calls for label, _, calls in labelled})
+    )
     requests.start_instrumentation()
-    for label, path in labelled:
-        label = EMPTY_CALL if label == "-" else label
+    for label, path, calls in labelled:
         requests.zero_stats()
-        for _ in range(args.calls):
+        for _ in range(calls):
             path()
         requests.dump_stats_at(label.encode())
     return 0
 
 
-def table(counts: dict[str, int], calls: int) -> list[str]:
-    """Per model: instructions per call of each path, and over its backend's bare runner."""
-    loop = counts[EMPTY_CALL] / calls
-    lines = [
+def table(counts: Mapping[str, int], calls: Mapping[str, int]) -> list[str]:
+    """Instructions per call of each path (`calls`: how many each ran), the empty call's taken
+    off: at n = 2, set against its backend's bare runner; at the sizes of the main tables, against
+    the ideal path at that size."""
+    loop = counts[EMPTY_CALL] / calls[EMPTY_CALL]
+    per_call = {label: counts[label] / calls[label] - loop for label in counts}
+    small = [
         "| model | path | instructions per call | over its bare runner |",
         "|---|---|---:|---:|",
     ]
-    per_call = {label: value / calls - loop for label, value in counts.items()}
+    sized = ["| model | n | path | instructions per call | to ideal |", "|---|---:|---|---:|---:|"]
     for label, value in per_call.items():
         if label == EMPTY_CALL:
             continue
         model, name = label.split("/", 1)
+        if " n=" in model:
+            model, n = model.split(" n=")
+            ideal = per_call.get(f"{model} n={n}/ideal")
+            ratio = f"{value / ideal:.3f}x" if ideal else ""
+            sized.append(f"| {model} | {int(n):.0e} | {name} | {value:,.0f} | {ratio} |")
+            continue
         runner = f"{model}/{name.removeprefix('soagen ')} runner alone"
         over = f"{value - per_call[runner]:+,.0f}" if runner in per_call else ""
-        lines.append(f"| {model} | {name} | {value:,.0f} | {over} |")
-    lines.append(f"\nAn empty call (the loop, taken off every row): {loop:,.0f} instructions.")
-    return lines
+        small.append(f"| {model} | {name} | {value:,.0f} | {over} |")
+    footer = f"\nAn empty call (the loop, taken off every row): {loop:,.0f} instructions."
+    return small + ([""] + sized if len(sized) > 2 else []) + [footer]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per path (default 2000)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(float(n)) for n in text.split(",") if n],
+        default=[],
+        help="also count the ideal, naive and soagen paths at these n (e.g. 1e3,1e5)",
+    )
     parser.add_argument("--keep", type=Path, help="copy callgrind's dumps into this folder")
     parser.add_argument("--only", help="count only the paths whose MODEL/NAME has this text")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -176,18 +205,20 @@ def main(argv: list[str] | None = None) -> int:
             f"--folder={folder}",
             f"--calls={args.calls}",
             *([] if args.only is None else [f"--only={args.only}"]),
+            *([f"--sizes={','.join(map(str, args.sizes))}"] if args.sizes else []),
             *(f"--package={key}={path}" for key, path in packages.items()),
         ]
         print("running the paths under callgrind (minutes) ...", file=sys.stderr, flush=True)
         subprocess.run(command, check=True)
         counts = counted(Path(folder))
+        calls = json.loads((Path(folder) / "calls.json").read_text())
         if args.keep is not None:  # for `callgrind_annotate`: one dump per path, named by it
             args.keep.mkdir(parents=True, exist_ok=True)
             for dump in Path(folder).glob("callgrind.out.*"):
                 shutil.copy(dump, args.keep / dump.name)
-    lines = table(counts, args.calls)
+    lines = table(counts, calls)
     print("\n".join(lines))
-    report: dict[str, Any] = {"calls": args.calls, "instructions": counts, "table": lines}
+    report: dict[str, Any] = {"calls": calls, "instructions": counts, "table": lines}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "instructions.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -269,25 +269,30 @@ def test_instruction_counts_are_read_per_path_and_judged_against_each_runner(
     tmp_path: Path,
 ) -> None:
     """`count_instructions.py` reads callgrind's dumps by the label each was dumped at (in dump
-    order, 10 after 9), takes the empty call's count off every path, and sets each soagen path
-    against its own backend's bare runner. (Running valgrind takes minutes: not here.)"""
+    order, 10 after 9), takes the empty call's count off every path, sets each soagen path at
+    n = 2 against its own backend's bare runner, and each path at a larger n against the ideal
+    path at that n. (Running valgrind takes minutes: not here.)"""
     sys.path.insert(0, str(REPO))
     count = importlib.import_module("benchmarks.count_instructions")
     dumps = {
-        1: (count.EMPTY_CALL, 1_000),
-        2: ("gnn/soagen aot write", 340_000),
-        10: ("gnn/aot write runner alone", 320_000),
-        11: ("gnn/ideal (eager, contiguous)", 900_000),
+        1: (count.EMPTY_CALL, 1_000, 10),
+        2: ("gnn/soagen aot write", 340_000, 10),
+        9: ("gnn n=1000/ideal", 4_002_000, 20),
+        10: ("gnn/aot write runner alone", 320_000, 10),
+        11: ("gnn/ideal (eager, contiguous)", 900_000, 10),
+        12: ("gnn n=1000/soagen eager", 4_602_000, 20),
     }
-    for number, (label, total) in dumps.items():
+    for number, (label, total, _) in dumps.items():
         (tmp_path / f"callgrind.out.{number}").write_text(
             f"version: 1\ncreator: callgrind-3.19.0\ndesc: Trigger: Client Request: {label}\n"
             f"events: Ir\nsummary: {total}\n"
         )
     (tmp_path / "callgrind.out").write_text("desc: Trigger: Program termination\ntotals: 5\n")
     counts = count.counted(tmp_path)
-    assert list(counts) == [label for label, _ in dumps.values()]
-    rows = count.table(counts, calls=10)
+    assert list(counts) == [label for label, _, _ in dumps.values()]
+    rows = count.table(counts, {label: calls for label, _, calls in dumps.values()})
     assert "| gnn | soagen aot write | 33,900 | +2,000 |" in rows
     assert "| gnn | aot write runner alone | 31,900 |  |" in rows
     assert "| gnn | ideal (eager, contiguous) | 89,900 |  |" in rows
+    assert "| gnn | 1e+03 | ideal | 200,000 | 1.000x |" in rows
+    assert "| gnn | 1e+03 | soagen eager | 230,000 | 1.150x |" in rows

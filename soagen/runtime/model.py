@@ -650,7 +650,8 @@ class ModelBinding:
             # Views made inside inference mode share their buffer's version counter, and those
             # made outside it have their own (`Collection._block_with_own_version`): a call in the
             # other mode gets its own, as a call without a plan would.
-            views = self._input_views(dict(zip(self._input_names, collections, strict=False)))
+            inputs = collections[: len(self._input_names)]
+            views = self._input_views(dict(zip(self._input_names, inputs, strict=True)))
         try:
             for position, index_name, bound_name, size in plan.index_checks:
                 _check_index_range(type(self), index_name, views[position], bound_name, size)
