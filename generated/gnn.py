@@ -363,10 +363,10 @@ class EdgeClassifier(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                nodes,  # node_features
-                edges,  # edge_index
-                edges,  # edge_features
-                out,  # edge_scores
+                nodes,
+                edges,
+                edges,
+                out,
             ),
             stream,
             batch_size,

@@ -466,14 +466,13 @@ def _call_method(model: Model, schema: Schema) -> tuple[str, ...]:
     )
     lines.append(docstring(doc, body))
     lines += unpack
-    # One collection per binding, inputs then outputs in schema order (`_call_in_schema_order`).
+    # One collection per binding, inputs then outputs in schema order (`_call_in_schema_order`),
+    # the order the docstring lists them in.
     lines += [f"{body}self._call_in_schema_order(", f"{body}{INDENT}("]
     for direction, collections in (("input", parameters), ("output", out_of)):
         for b in model.bindings:
             if b.direction.value == direction:
-                lines.append(
-                    render(collections[b.layout_name], body + INDENT * 2, "", f",  # {b.name}")
-                )
+                lines.append(render(collections[b.layout_name], body + INDENT * 2, "", ","))
     lines += [
         f"{body}{INDENT}),",
         f"{body}{INDENT}stream,",

@@ -719,7 +719,7 @@ def test_long_names_in_every_generated_construct_stay_in_ruff_format(tmp_path: P
     assert f'        return self._member(\n            "{x}"\n        )\n' in text
     assert f'            "i{long}": (\n                11 * pitch_4 + 128\n            ),' in text
     assert f'            {hits}.BLOCKS[\n                "scales{long}"\n            ],' in text
-    assert f'"scores{long}": _outputs[\n                    0\n                ],' in text
+    assert "                _outputs[0],\n                _outputs[1],\n            ),\n" in text
 
 
 # --- mypy --strict and ruff on a sample -----------------------------------------------------------

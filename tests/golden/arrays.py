@@ -720,15 +720,15 @@ class Tagger(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                jets,  # pf
-                jets,  # pf_t
-                jets,  # kinematics
-                jets,  # hessians
-                jets,  # weights
-                jets,  # weight
-                jets,  # samples
-                jets,  # cov
-                out,  # probabilities
+                jets,
+                jets,
+                jets,
+                jets,
+                jets,
+                jets,
+                jets,
+                jets,
+                out,
             ),
             stream,
             batch_size,

@@ -144,8 +144,8 @@ class Sneaky(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                weird,  # values
-                out,  # out
+                weird,
+                out,
             ),
             stream,
             batch_size,

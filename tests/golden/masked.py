@@ -467,9 +467,9 @@ class MaskedNet(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                particles,  # features
-                masks,  # mask
-                out,  # scores
+                particles,
+                masks,
+                out,
             ),
             stream,
             batch_size,
@@ -533,10 +533,10 @@ class BatchedEdges(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                nodes,  # node_features
-                masks,  # node_mask
-                edges,  # edge_index
-                out,  # edge_scores
+                nodes,
+                masks,
+                edges,
+                out,
             ),
             stream,
             batch_size,
@@ -591,10 +591,10 @@ class SlicedNodes(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                particles,  # particles
-                nodes,  # node_features
-                edges,  # edge_index
-                out,  # edge_scores
+                particles,
+                nodes,
+                edges,
+                out,
             ),
             stream,
             batch_size,

@@ -176,9 +176,9 @@ class VertexFinder(_soagen.ModelBinding):
         """
         self._call_in_schema_order(
             (
-                tracks,  # momenta
-                tracks,  # track_of
-                out,  # positions
+                tracks,
+                tracks,
+                out,
             ),
             stream,
             batch_size,
