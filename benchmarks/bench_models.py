@@ -1053,7 +1053,7 @@ def aot_call_parts(
     case.paths["soagen aot"]()
     case.paths["soagen aot"]()  # the second call with these collections makes their plan
     (plan,) = model._plans.values()
-    inputs = {spec.name: case.collections[spec.block.layout] for spec in model.INPUTS}
+    collections = tuple(ref() for ref in plan.collections)
     result = runner(views)[0].clone()
     call = case.paths["soagen aot"]
 
@@ -1065,7 +1065,7 @@ def aot_call_parts(
 
     parts: dict[str, Callable[[], object]] = {
         "aot, the first call of its collections": first_call,
-        "aot from the call plan": lambda: model._run_plan(plan, inputs),
+        "aot from the call plan": lambda: model._run_plan(plan, collections),
         "aot from the input views": lambda: model._run_on_views(
             plan.views, plan.runner, plan.targets, plan.signatures
         ),

@@ -78,6 +78,7 @@ class _CallPlan:
         "index_checks",
         "key",
         "model_index_checks",
+        "returns_results",
         "runner",
         "signatures",
         "targets",
@@ -96,6 +97,7 @@ class _CallPlan:
         index_checks: tuple[_IndexCheck, ...],
         model_index_checks: tuple[_IndexCheck, ...],
         call: typing.Callable[[], object] | None,
+        returns_results: bool,
     ) -> None:
         self.key = key
         self.collections = collections  # weak: the plan leaves with the first one collected
@@ -113,10 +115,13 @@ class _CallPlan:
         # Those the model runs itself (`Backend.index_ranges_checked`): run here only after it
         # failed, to name the values.
         self.model_index_checks = model_index_checks
-        # The whole call as one bound call of the runner, where nothing else is left to Python:
-        # no index check, no version counter, no contiguous copy, a backend that writes its
-        # outputs (a package built with --write-outputs).
+        # The model's run as one bound call of the runner, where nothing else is left to do
+        # before it: no index check, no version counter, no inference mode, no contiguous copy
+        # (packages, ONNX Runtime). After it, where the backend returns its results
+        # (`returns_results`), their check and write-back; a package built with --write-outputs
+        # has written them.
         self.call = call
+        self.returns_results = returns_results
 
 
 # (input position, its name, the bound input's name, that input's size)
@@ -603,10 +608,8 @@ class ModelBinding:
         elif targets is not None:
             arguments = [*views, *targets] if self._backend.writes_outputs else views
             runner = self._backend.on_fixed_inputs(device, arguments)
-            if (
-                self._backend.writes_outputs
-                and not self._backend.moves_version_counters
-                and not checks
+            if not (
+                checks or self._backend.moves_version_counters or self._backend.records_autograd
             ):
                 call = functools.partial(runner, arguments)
         plan = _CallPlan(
@@ -622,6 +625,7 @@ class ModelBinding:
             index_checks=tuple(checks),
             model_index_checks=tuple(model_checks),
             call=call,
+            returns_results=not self._backend.writes_outputs,
         )
         with self._plans_lock:
             if len(plans) >= _PLANS_PER_BINDING:
@@ -637,7 +641,9 @@ class ModelBinding:
         call = plan.call
         if call is not None:
             try:
-                call()
+                result = call()
+                if plan.returns_results:
+                    self._finish(result, plan.views, (), plan.targets, plan.signatures)
             except BaseException as error:
                 self._failed_plan(plan, error)
                 raise

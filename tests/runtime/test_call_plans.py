@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import threading
+import typing
 import weakref
 from pathlib import Path
 
@@ -166,6 +167,52 @@ def test_an_output_that_stops_fitting_is_refused_on_a_planned_call(module) -> No
     with pytest.raises(OutputError, match="returned 15 elements"):
         model(points, out=scores)
     assert torch.equal(scores.a, before)
+
+
+def test_a_planned_call_of_a_returning_runner_still_checks_and_writes_its_results(module) -> None:  # type: ignore[no-untyped-def]
+    """A backend that runs outside ATen's Python (no autograd, no version counter) and returns
+    its results, as a package built without --write-outputs: its plan calls the runner directly,
+    and still checks each result against its block and writes it, every call."""
+    from soagen.runtime.backends import Backend, Runner
+
+    class Returning(Backend):
+        kind = "aot"
+        records_autograd = False
+        moves_version_counters = False
+
+        def __init__(self) -> None:
+            super().__init__("returns its results")
+            self.shapes: list[int] = []  # rows to drop, one entry per call to come
+
+        def place(self, device: torch.device) -> Runner:
+            def run(tensors: object) -> object:
+                (points,) = typing.cast(list[torch.Tensor], tensors)
+                drop = self.shapes.pop(0) if self.shapes else 0
+                return [points[: points.shape[0] - drop, :2] * 3.0]
+
+            return run
+
+    backend = Returning()
+    model = module.Mlp(backend)
+    points, scores = _points(module, 16), module.Scores.allocate(16)
+    model(points, out=scores)
+    model(points, out=scores)
+    (plan,) = model._plans.values()
+    assert plan.call is not None and plan.returns_results
+    points.x.add_(1.0)
+    model(points, out=scores)
+    torch.testing.assert_close(scores.a, points.x * 3.0)
+    torch.testing.assert_close(scores.b, points.y * 3.0)
+
+    before = torch.stack([scores.a, scores.b], 1)
+    backend.shapes.append(1)
+    with pytest.raises(OutputError, match="returned 15 elements"):
+        model(points, out=scores)
+    assert torch.equal(torch.stack([scores.a, scores.b], 1), before)
+    assert not model._plans  # a failed call drops its plan
+    model(points, out=scores)
+    model(points, out=scores)
+    assert model._plans
 
 
 def test_names_in_another_order_bind_the_right_collections(module) -> None:  # type: ignore[no-untyped-def]
