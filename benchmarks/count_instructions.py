@@ -110,10 +110,20 @@ def child(args: argparse.Namespace) -> int:
         # Fewer calls where each does more: the count per call is as exact with a few.
         calls = max(5, args.calls * 100 // n)
         for model, build in bench_models.BUILDERS.items():
+            prefix = f"{model} n={n}/"
+            if (
+                args.only is not None
+                and "/" in args.only
+                and args.only.split("/")[0] + "/" not in prefix
+            ):
+                continue  # another model or size: not built, as valgrind runs it slowly
             case = build(n, "cpu", tools)
             check = bench_models.verifier(case)
             for name, path in case.paths.items():
-                if name == "ideal" or name.startswith(SIZED_PATHS):
+                if name == "ideal" or (
+                    name.startswith(SIZED_PATHS)
+                    and (args.only is None or args.only in prefix + name)
+                ):
                     check(name, path)
                     labelled.append((f"{model} n={n}/{name}", path, calls))
     for _, path, calls in labelled:
@@ -170,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also count the ideal, naive and soagen paths at these n (e.g. 1e3,1e5)",
     )
     parser.add_argument("--keep", type=Path, help="copy callgrind's dumps into this folder")
-    parser.add_argument("--only", help="count only the paths whose MODEL/NAME has this text")
+    parser.add_argument(
+        "--only",
+        help="count only the paths whose MODEL/NAME (MODEL n=N/NAME at --sizes) has this text; "
+        "with a slash, only that model (and size) is built",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--package", action="append", default=[], help=argparse.SUPPRESS)
