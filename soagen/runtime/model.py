@@ -775,8 +775,6 @@ class ModelBinding:
     ) -> list[torch.Tensor]:
         """Run the model on the input views (checked); see `_evaluate`. `signatures`: the
         targets' (shape, dtype, device), where a call plan holds them."""
-        import torch
-
         cls = type(self)
         watched = self._backend.moves_version_counters
         versions = [view._version for view in views] if watched else []
@@ -803,7 +801,7 @@ class ModelBinding:
         if self._backend.records_autograd:
             # The guard `torch.inference_mode()` enters, without its Python wrapper: 7 against
             # 19 us per call right after a model at n = 1e5, when this code runs out of cache.
-            with torch._C._InferenceMode(True):
+            with (_torch or _load_torch())._C._InferenceMode(True):
                 result = runner(arguments)
         else:
             result = runner(arguments)
@@ -877,13 +875,24 @@ def _any_elements(outputs: Mapping[str, Collection]) -> bool:
 
 
 def _inference_mode_enabled() -> bool:
-    import torch
-
-    return torch.is_inference_mode_enabled()
+    return bool((_torch or _load_torch()).is_inference_mode_enabled())
 
 
 def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
     return [(target.shape, target.dtype, target.device) for target in targets or ()]
+
+
+# The torch module, bound at the first call that needs it: this module imports without torch, and
+# an `import torch` statement in a function costs about 1k instructions at every call.
+_torch: types.ModuleType | None = None
+
+
+def _load_torch() -> types.ModuleType:
+    global _torch
+    import torch
+
+    _torch = torch
+    return torch
 
 
 # `soagen.runtime.buffers.copy_values`, once imported (that module imports torch).
@@ -1101,9 +1110,8 @@ def outputs_in_schema_order(cls: type[ModelBinding], result: object) -> list[tor
     """A model's return value as a list of tensors in schema order, one per declared output;
     OutputError for anything else. Plain Python over the result's structure: `torch.export` traces
     through it (`soagen.build.model.SchemaOrder`)."""
-    import torch
-
-    if isinstance(result, torch.Tensor):
+    tensor: type[torch.Tensor] = (_torch or _load_torch()).Tensor
+    if isinstance(result, tensor):
         if len(cls.OUTPUTS) == 1:
             return [result]  # the common case, without the checks below
         result = [result]
@@ -1117,7 +1125,6 @@ def outputs_in_schema_order(cls: type[ModelBinding], result: object) -> list[tor
                 f"outputs are {', '.join(names)}; nothing was written"
             )
         result = [result[name] for name in names]
-    tensor = torch.Tensor
     if not isinstance(result, (tuple, list)) or not all([isinstance(r, tensor) for r in result]):
         raise OutputError(
             f"{cls.NAME} returned {type(result).__name__}; a model returns a tensor, a tuple or list "
