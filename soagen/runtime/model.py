@@ -799,8 +799,8 @@ class ModelBinding:
                 self._check_versions(views, versions)
             return list(targets)
         if self._backend.records_autograd:
-            # The guard `torch.inference_mode()` enters, without its Python wrapper: 7 against
-            # 19 us per call right after a model at n = 1e5, when this code runs out of cache.
+            # The guard `torch.inference_mode()` enters, without its Python wrapper, whose frames
+            # cost more than the guard once a large model has pushed this code out of the caches.
             with (_torch or _load_torch())._C._InferenceMode(True):
                 result = runner(arguments)
         else:
