@@ -421,18 +421,30 @@ class ModelBinding:
         order. A call with the collections of a plan runs it straight away: the plan's
         collections are these very objects (it leaves when one of them is collected), in this
         order, all checked when it was made."""
-        if stream is None and batch_size is None:
-            plan = self._plans.get(tuple(map(id, collections)))
+        key = self._plan_key(collections, stream, batch_size)
+        if key is not None:
+            plan = self._plans.get(key)
             if plan is not None:
                 self._run_plan(plan, collections)
                 return
         first_output = len(self._input_names)
-        self.run(
+        self._run_checked(
             dict(zip(self._input_names, collections[:first_output], strict=True)),
             dict(zip(self._output_names, collections[first_output:], strict=True)),
-            stream=stream,
-            batch_size=batch_size,
+            collections,
+            key,
+            stream,
+            batch_size,
         )
+
+    def _plan_key(
+        self, collections: tuple[Collection, ...], stream: object | None, batch_size: int | None
+    ) -> tuple[int, ...] | None:
+        """The collections' ids, for a call that may run a plan (none with a stream, a batch
+        size or protected inputs), else None."""
+        if stream is None and batch_size is None and not self.protect_inputs:
+            return tuple(map(id, collections))
+        return None
 
     def run(
         self,
@@ -457,13 +469,26 @@ class ModelBinding:
         has run, so a failing slice writes nothing.
         """
         collections = (*inputs.values(), *outputs.values())
-        key = None  # the collections' ids, for calls that may run a plan
-        if stream is None and batch_size is None and not self.protect_inputs:
-            key = tuple(map(id, collections))
+        key = self._plan_key(collections, stream, batch_size)
+        if key is not None:
             plan = self._plans.get(key)
             if plan is not None and (*inputs, *outputs) == self._binding_names:
                 self._run_plan(plan, collections)
                 return
+        self._run_checked(inputs, outputs, collections, key, stream, batch_size)
+
+    def _run_checked(
+        self,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        collections: tuple[Collection, ...],
+        key: tuple[int, ...] | None,
+        stream: object | None,
+        batch_size: int | None,
+    ) -> None:
+        """`run` past its plan lookup, which found none: every check, then the call (and a plan
+        for these collections when they come again). `collections`: inputs then outputs, in the
+        mappings' order; `key`, their ids, or None where no plan may run."""
         cls = type(self)
         # Names and layouts depend only on the mapping's keys and the collections' classes:
         # check each combination once (the generated `__call__` always passes the same keys).
