@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import hashlib
 import importlib
@@ -90,6 +91,7 @@ from soagen.runtime import (  # noqa: E402
     set_malloc_tuning,
 )
 from soagen.runtime.buffers import copy_values  # noqa: E402
+from soagen.runtime.spec import declared_index_bounds  # noqa: E402
 
 MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
@@ -1026,8 +1028,66 @@ def small_call_paths(tools: Tools) -> dict[str, tuple[Case, dict[str, Callable[[
                 paths["aot loader.run alone"] = raw
                 paths |= aot_call_parts(case, soagen, runner, views, targets)
         paths[NULL_CALL] = case.overhead[NULL_CALL]
+        paths |= graph_replay_paths(case)
         found[model] = (case, paths)
     return found
+
+
+GRAPHS_STAND_IN = "soagen graphs (stand-in replay)"
+
+
+class StandInGraph:
+    """A capturer of CPU calls whose every graph replays `replay`: the host work a binding made
+    with graphs=True does around a replay, measured where no GPU is (`CudaCapturer`'s stream
+    lookup, one call into torch, is not in it)."""
+
+    device_type = "cpu"
+
+    def __init__(self, replay: Callable[[], object]) -> None:
+        self.replay = replay
+
+    def stream(self, device: torch.device) -> int:
+        return 0
+
+    def warm_up(self, device: torch.device, stream: object, run: Callable[[], Any]) -> Any:
+        return run()
+
+    def capture(
+        self, device: torch.device, stream: object, run: Callable[[], object]
+    ) -> StandInGraph:
+        run()  # as a CUDA capture runs the call's Python
+        return self
+
+
+def graph_replay_paths(case: Case) -> dict[str, Callable[[], object]]:
+    """A null model's call through a binding made with graphs=True, its graph a stand-in whose
+    replay copies the result into the output block (what the captured null call's graph does),
+    and that replay alone: the difference is what the binding adds to each replay (private API,
+    for this comparison only)."""
+    from soagen.runtime.graphs import CallGraphs
+
+    binding = case.binding
+    assert binding is not None
+    inputs = {spec.name: case.collections[spec.block.layout] for spec in binding.INPUTS}
+    (output,) = binding.OUTPUTS
+    collection = case.collections[output.block.layout]
+    block, result = collection.block(output.block), case.reference.clone()
+    graphed = binding(
+        NullModel(result),
+        graphs=True,
+        index_bounds=dict.fromkeys(declared_index_bounds(binding.INPUTS)),
+    )
+    replay = functools.partial(block.copy_, result)
+    graphed._graphs = CallGraphs(graphed, StandInGraph(replay), 8)
+    outputs = {output.name: collection}
+    paths: dict[str, Callable[[], object]] = {
+        GRAPHS_STAND_IN: lambda: graphed.run(inputs, outputs),
+        "graphs (stand-in replay) runner alone": replay,
+    }
+    for name in paths:
+        case.readers[name] = lambda: collection.block(output.block)
+        case.written[name] = [collection.buffer]
+    return paths
 
 
 # Where a repeated AOT call's time goes: each part is a shorter entry into the same call (private

@@ -40,7 +40,10 @@ recorded during a capture cannot be queried. The binding calls a package only un
 
 Later calls of a key: the key, the model's training flag (a module back in training mode goes to
 the eager run, which refuses it as a plain call does, instead of being replayed in eval mode), and
-`graph.replay()`.
+`graph.replay()`. From the second call with the same collection objects, the binding's call plan
+(`planned_call`) holds their part of the key, which is fixed for their life, and skips the
+binding's checks of them: what is left per call is the caller's stream, the lookup, the flag and the
+replay.
 
 Memory: each binding keeps at most `graph_cache_size` graphs (8 by default), the least recently
 used dropped first; a dropped graph is destroyed once no call is replaying it. All graphs captured
@@ -81,6 +84,8 @@ from soagen.runtime.errors import (
 from soagen.runtime.model import _any_elements, _on_stream
 
 if typing.TYPE_CHECKING:
+    import weakref
+
     import torch
 
     from soagen.runtime.aot import AotBackend
@@ -263,6 +268,36 @@ class CallGraphs:
             except GraphCaptureError as error:
                 self._refusal = error
                 raise
+
+    def planned_call(
+        self, collections: tuple[weakref.ref[Collection], ...], device: torch.device
+    ) -> Callable[[], None]:
+        """A call's plan (`ModelBinding._graph_plan`): `call` for these collections (inputs then
+        outputs in schema order, checked by the binding and alive while the call runs) with the
+        part of the key they fix computed once. Per call there remain the caller's stream, the
+        lookup and the module's training flag; a graph not found goes the way of `_call`."""
+        placements = tuple(_placement(typing.cast("Collection", ref())) for ref in collections)
+        stream_of, graphs, module = self._capturer.stream, self._graphs, self._module
+        first_output = len(self._input_names)
+
+        def call() -> None:
+            key = (stream_of(device), *placements)
+            graph = graphs.get(key)
+            if graph is not None and (module is None or not module.training):
+                try:
+                    graphs.move_to_end(key)
+                except KeyError:  # dropped meanwhile by another thread's capture
+                    pass
+                graph.replay()
+                return
+            alive = [typing.cast("Collection", ref()) for ref in collections]
+            self._call(
+                dict(zip(self._input_names, alive[:first_output], strict=True)),
+                dict(zip(self._output_names, alive[first_output:], strict=True)),
+                device,
+            )
+
+        return call
 
     def _key(
         self,

@@ -524,7 +524,12 @@ class ModelBinding:
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
         if self._graphs is not None and device.type == self._graphs.device_type:
-            # graphs=True: this call is replayed from, or captured into, a CUDA graph.
+            # graphs=True: this call is replayed from, or captured into, a CUDA graph; the next
+            # one with these collections looks its graph up by their plan.
+            if self._makes_plans and in_order and key is not None:
+                if self._called_before(key, collections):
+                    self._run_plan(self._graph_plan(key, collections, outputs, device), collections)
+                    return
             self._graphs.call(inputs, outputs, device, stream, batch_size)
             return
         if stream is None and batch_size is None:
@@ -618,11 +623,6 @@ class ModelBinding:
             (model_checks if in_model.get(index_name) == bound_name else checks).append(
                 (*check, inputs[bound_name].size)
             )
-        plans = self._plans
-
-        def forget(_: object) -> None:
-            plans.pop(key, None)
-
         # Not placed for a call with nothing to compute: it never reaches the model. The model's
         # arguments are these views (and output blocks) at every call, but for contiguous copies,
         # made anew per call: a backend may check them once now.
@@ -639,7 +639,7 @@ class ModelBinding:
                 call = functools.partial(runner, arguments)
         plan = _CallPlan(
             key=key,
-            collections=tuple(weakref.ref(collection, forget) for collection in collections),
+            collections=self._plan_references(key, collections),
             runner=runner,
             views=views,
             in_inference_mode=(
@@ -652,12 +652,56 @@ class ModelBinding:
             call=call,
             returns_results=not self._backend.writes_outputs,
         )
+        return self._keep_plan(plan)
+
+    def _graph_plan(
+        self,
+        key: tuple[int, ...],
+        collections: tuple[Collection, ...],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> _CallPlan:
+        """The call plan of a binding made with graphs=True, for collections on its graphs' device
+        (as `_plan` takes them): a lookup of their graph and its replay."""
+        graphs = typing.cast("CallGraphs", self._graphs)
+        references = self._plan_references(key, collections)
+        return self._keep_plan(
+            _CallPlan(
+                key=key,
+                collections=references,
+                runner=None,
+                views=[],
+                in_inference_mode=None,
+                targets=None,
+                signatures=[],
+                index_checks=(),
+                model_index_checks=(),
+                # None for a call with nothing to compute, which never reaches a graph.
+                call=graphs.planned_call(references, device) if _any_elements(outputs) else None,
+                returns_results=False,
+            )
+        )
+
+    def _plan_references(
+        self, key: tuple[int, ...], collections: tuple[Collection, ...]
+    ) -> tuple[weakref.ref[Collection], ...]:
+        """Weak references to a plan's collections, the first of them collected dropping it."""
+        plans = self._plans
+
+        def forget(_: object) -> None:
+            plans.pop(key, None)
+
+        return tuple(weakref.ref(collection, forget) for collection in collections)
+
+    def _keep_plan(self, plan: _CallPlan) -> _CallPlan:
+        """Keep `plan`, at most `_PLANS_PER_BINDING` in all."""
+        plans = self._plans
         with self._plans_lock:
             if len(plans) >= _PLANS_PER_BINDING:
                 # The oldest; a collector run may drop plans meanwhile (`forget`).
                 with contextlib.suppress(RuntimeError, StopIteration):
                     plans.pop(next(iter(plans)), None)
-            plans[key] = plan
+            plans[plan.key] = plan
         return plan
 
     def _run_plan(self, plan: _CallPlan, collections: tuple[Collection, ...]) -> None:

@@ -275,6 +275,27 @@ def test_each_buffer_size_slice_and_stream_is_a_key_of_its_own(
     assert (capturer.captures, capturer.replays) == (7, replays + len(calls))
 
 
+def test_a_planned_call_looks_its_graph_up_on_the_callers_stream_of_each_call(
+    gnn: ModuleType, net: nn.Module
+) -> None:
+    # From the second call with the same collections the binding runs a plan, which fixes the
+    # collections' part of the key; the stream is the caller's at each call.
+    capturer = RerunCapturer()
+    model = graphed(gnn.EdgeClassifier, net, capturer)
+    nodes, edges = event(gnn, 30, 100, seed=1)
+    scores = gnn.EdgeScores.allocate(100)
+    for _ in range(2):
+        model(nodes, edges, out=scores)
+    assert len(model._plans) == 1 and (capturer.captures, capturer.replays) == (1, 2)
+    for seed, (stream, captures) in enumerate([(1, 2), (0, 2), (1, 2), (2, 3)], start=2):
+        capturer.current_stream = stream
+        nodes.block("node_features").copy_(event(gnn, 30, 100, seed)[0].block("node_features"))
+        model(nodes, edges, out=scores)
+        assert capturer.captures == captures
+        assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
+    assert len(model._plans) == 1 and len(model._graphs) == 3
+
+
 def test_the_least_recently_used_graph_is_dropped_and_freed(
     gnn: ModuleType, net: nn.Module
 ) -> None:
