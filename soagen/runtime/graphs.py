@@ -41,9 +41,9 @@ recorded during a capture cannot be queried. The binding calls a package only un
 Later calls of a key: the key, the model's training flag (a module back in training mode goes to
 the eager run, which refuses it as a plain call does, instead of being replayed in eval mode), and
 `graph.replay()`. From the second call with the same collection objects, the binding's call plan
-(`planned_call`) holds their part of the key, which is fixed for their life, and skips the
-binding's checks of them: what is left per call is the caller's stream, the lookup, the flag and the
-replay.
+(`planned_call`) holds their part of the key and skips the binding's checks of them: what is left
+per call is their buffers' addresses (a wrapped tensor's storage can move), the caller's stream,
+the lookup, the flag and the replay.
 
 Memory: each binding keeps at most `graph_cache_size` graphs (8 by default), the least recently
 used dropped first; a dropped graph is destroyed once no call is replaying it. All graphs captured
@@ -274,22 +274,33 @@ class CallGraphs:
     ) -> Callable[[], None]:
         """A call's plan (`ModelBinding._graph_plan`): `call` for these collections (inputs then
         outputs in schema order, checked by the binding and alive while the call runs) with the
-        part of the key they fix computed once. Per call there remain the caller's stream, the
-        lookup and the module's training flag; a graph not found goes the way of `_call`."""
-        placements = tuple(_placement(typing.cast("Collection", ref())) for ref in collections)
+        part of the key they fix computed once. Per call there remain the buffers' addresses, the
+        caller's stream, the lookup and the module's training flag; a graph not found, or a buffer
+        whose storage moved, goes the way of `_call`."""
+        alive = [typing.cast("Collection", ref()) for ref in collections]
+        placements = tuple(map(_placement, alive))
+        # A collection's class, capacity and element range are fixed for its life, its buffer
+        # tensor too, but not that tensor's address: a wrapped tensor whose storage the user
+        # resizes moves, and a graph must not replay at the old one.
+        import torch
+
+        address = torch.Tensor.data_ptr
+        buffers = tuple({id(c._memory.buffer): c._memory.buffer for c in alive}.values())
+        addresses = tuple(map(address, buffers))
         stream_of, graphs, module = self._capturer.stream, self._graphs, self._module
         first_output = len(self._input_names)
 
         def call() -> None:
-            key = (stream_of(device), *placements)
-            graph = graphs.get(key)
-            if graph is not None and (module is None or not module.training):
-                try:
-                    graphs.move_to_end(key)
-                except KeyError:  # dropped meanwhile by another thread's capture
-                    pass
-                graph.replay()
-                return
+            if tuple(map(address, buffers)) == addresses:
+                key = (stream_of(device), *placements)
+                graph = graphs.get(key)
+                if graph is not None and (module is None or not module.training):
+                    try:
+                        graphs.move_to_end(key)
+                    except KeyError:  # dropped meanwhile by another thread's capture
+                        pass
+                    graph.replay()
+                    return
             alive = [typing.cast("Collection", ref()) for ref in collections]
             self._call(
                 dict(zip(self._input_names, alive[:first_output], strict=True)),

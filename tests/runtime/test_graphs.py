@@ -28,6 +28,7 @@ from torch import nn  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
 from examples.gnn_model import build_model  # noqa: E402
+from soagen.runtime.aligned import aligned_tensor  # noqa: E402
 from soagen.runtime.errors import (  # noqa: E402
     BindingError,
     GraphCaptureError,
@@ -294,6 +295,48 @@ def test_a_planned_call_looks_its_graph_up_on_the_callers_stream_of_each_call(
         assert capturer.captures == captures
         assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
     assert len(model._plans) == 1 and len(model._graphs) == 3
+
+
+class AtCapturedAddresses(RerunCapturer):
+    """Its graphs, as CUDA graphs are, are bound to the addresses of the capture: each replay
+    asserts the call's collections (`collections`, set by the test) still lie there."""
+
+    collections: tuple[Any, ...] = ()
+
+    def graph(self, run: Callable[[], object]) -> Rerun:
+        captured = [collection.buffer.data_ptr() for collection in self.collections]
+
+        def bound() -> None:
+            now = [collection.buffer.data_ptr() for collection in self.collections]
+            assert now == captured, f"a graph captured at {captured} replayed at {now}"
+            run()
+
+        return Rerun(bound, self)
+
+
+def test_a_planned_call_whose_buffer_storage_moved_captures_again(
+    gnn: ModuleType, net: nn.Module
+) -> None:
+    # A collection wrapping the user's tensor shares its storage; resizing that storage moves
+    # the buffer under the same collection object, and its plan must not replay the old address.
+    capturer = AtCapturedAddresses()
+    model = graphed(gnn.EdgeClassifier, net, capturer)
+    source, edges = event(gnn, 30, 100, seed=1)
+    tensor = aligned_tensor(gnn.Nodes.byte_size(30), gnn.Nodes.ALIGNMENT)
+    nodes = gnn.Nodes.wrap(tensor, 30)
+    nodes.buffer.copy_(source.buffer)
+    scores = gnn.EdgeScores.allocate(100)
+    capturer.collections = (nodes, edges, scores)
+    for _ in range(2):
+        model(nodes, edges, out=scores)
+    assert len(model._plans) == 1 and capturer.captures == 1
+    address = nodes.buffer.data_ptr()
+    storage = tensor.untyped_storage()
+    storage.resize_(storage.nbytes() * 64)  # keeps the bytes, at a new address
+    assert nodes.buffer.data_ptr() != address
+    model(nodes, edges, out=scores)
+    assert capturer.captures == 2
+    assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
 
 
 def test_the_least_recently_used_graph_is_dropped_and_freed(
