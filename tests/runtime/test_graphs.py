@@ -276,18 +276,25 @@ def test_each_buffer_size_slice_and_stream_is_a_key_of_its_own(
     assert (capturer.captures, capturer.replays) == (7, replays + len(calls))
 
 
+def planned(gnn: ModuleType, net: nn.Module, capturer: Any, nodes: Any, edges: Any, scores: Any):  # type: ignore[no-untyped-def]
+    """A binding made with graphs=True, called twice with these collections: the first call
+    captured, the second made their call plan, which later calls run."""
+    model = graphed(gnn.EdgeClassifier, net, capturer)
+    for _ in range(2):
+        model(nodes, edges, out=scores)
+    assert len(model._plans) == 1 and capturer.captures == 1
+    return model
+
+
 def test_a_planned_call_looks_its_graph_up_on_the_callers_stream_of_each_call(
     gnn: ModuleType, net: nn.Module
 ) -> None:
-    # From the second call with the same collections the binding runs a plan, which fixes the
-    # collections' part of the key; the stream is the caller's at each call.
+    # The plan fixes the collections' part of the key; the stream is the caller's at each call.
     capturer = RerunCapturer()
-    model = graphed(gnn.EdgeClassifier, net, capturer)
     nodes, edges = event(gnn, 30, 100, seed=1)
     scores = gnn.EdgeScores.allocate(100)
-    for _ in range(2):
-        model(nodes, edges, out=scores)
-    assert len(model._plans) == 1 and (capturer.captures, capturer.replays) == (1, 2)
+    model = planned(gnn, net, capturer, nodes, edges, scores)
+    assert capturer.replays == 2
     for seed, (stream, captures) in enumerate([(1, 2), (0, 2), (1, 2), (2, 3)], start=2):
         capturer.current_stream = stream
         nodes.block("node_features").copy_(event(gnn, 30, 100, seed)[0].block("node_features"))
@@ -320,16 +327,13 @@ def test_a_planned_call_whose_buffer_storage_moved_captures_again(
     # A collection wrapping the user's tensor shares its storage; resizing that storage moves
     # the buffer under the same collection object, and its plan must not replay the old address.
     capturer = AtCapturedAddresses()
-    model = graphed(gnn.EdgeClassifier, net, capturer)
     source, edges = event(gnn, 30, 100, seed=1)
     tensor = aligned_tensor(gnn.Nodes.byte_size(30), gnn.Nodes.ALIGNMENT)
     nodes = gnn.Nodes.wrap(tensor, 30)
     nodes.buffer.copy_(source.buffer)
     scores = gnn.EdgeScores.allocate(100)
     capturer.collections = (nodes, edges, scores)
-    for _ in range(2):
-        model(nodes, edges, out=scores)
-    assert len(model._plans) == 1 and capturer.captures == 1
+    model = planned(gnn, net, capturer, nodes, edges, scores)
     address = nodes.buffer.data_ptr()
     storage = tensor.untyped_storage()
     storage.resize_(storage.nbytes() * 64)  # keeps the bytes, at a new address
