@@ -1526,6 +1526,13 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
             f"- {model}, fastest soagen vs ideal (n >= 1e5): "
             + ("; ".join(fastest_vs_ideal) or no_large)
         )
+        eager_small = by_n.get(1_000, {}).get("soagen eager")
+        if eager_small is None:
+            eager_line = "not judged (the eager backend at n = 1e3 did not run)"
+        else:
+            ratio = eager_small["median_ms"] / by_n[1_000]["ideal"]["median_ms"]
+            eager_line = f"{ratio:.2f}x{' ok' if ratio <= 1.15 else ' MISSED'}"
+        lines.append(f"- {model}, eager vs ideal at n = 1e3 (target <= 1.15x): {eager_line}")
         worst = {p: max(r) for p, r in per_backend.items() if r}
         lines.append(
             f"- {model}, each backend's worst ratio to ideal at n >= 1e5: "

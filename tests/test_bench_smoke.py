@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,10 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
     for model in ("mlp", "gnn"):
         assert f"- {model}, fastest soagen vs ONNX Runtime: 1e3:" in judged.stdout
         assert f"- {model}, binding layer at n = " in judged.stdout
+        assert re.search(
+            rf"- {model}, eager vs ideal at n = 1e3 \(target <= 1.15x\): [\d.]+x (ok|MISSED)",
+            judged.stdout,
+        )
         # No n >= 1e5 in a smoke run: the line says so instead of staying empty.
         assert f"- {model}, fastest soagen vs ideal (n >= 1e5): not judged (" in judged.stdout
     assert "the target's n = 1e7 did not run" in judged.stdout
