@@ -732,6 +732,7 @@ def test_a_bad_event_fails_only_its_own_call(
             raised[k] = error
 
     before = remote.server_statistics()
+    warned_before = server.log.read_text().count(_BATCHED_FAILURE)
     threads = [threading.Thread(target=call, args=(k,)) for k in range(len(events))]
     try:
         for thread in threads:
@@ -752,6 +753,13 @@ def test_a_bad_event_fails_only_its_own_call(
             assert torch.equal(out.score, _expected(local, nodes, edges))
     executions = int(after["execution_count"]) - int(before.get("execution_count", 0))
     assert executions < len(events)  # events shared executions
+    # The bad event failed among others (answered in soagen_error), not alone in its execution,
+    # where it would have been a Triton error and the others' results untouched by it anyway.
+    assert server.log.read_text().count(_BATCHED_FAILURE) == warned_before + 1
+
+
+# What `soagen serve` logs for an event that failed in an execution shared with others.
+_BATCHED_FAILURE = "an event failed among others batched with it"
 
 
 @needs_triton
