@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from soagen.runtime.model import IndexRangeError, InputModifiedError, OutputError
+from soagen.runtime.model import IndexRangeError, InputModifiedError, ModelBinding, OutputError
 from tests.helpers import generate_package, import_generated
 from tests.runtime.test_model import MLP_SCHEMA
 from tests.runtime.test_model import Linear32 as Linear
@@ -61,6 +61,33 @@ def test_a_repeated_call_runs_its_plan_and_sees_new_values(module) -> None:  # t
     (again,) = model._plans.values()
     assert again is plan and again.views[0].data_ptr() == points.x.data_ptr()
     torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_a_planned_call_makes_none_of_the_checks_its_plan_holds(module, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Names, layouts, devices, read-only outputs, sizes: `_run_checked` makes them, and a call
+    # with a plan's collections goes past it, by the generated call and by `run` alike.
+    checked: list[object] = []
+    run_checked = ModelBinding._run_checked
+
+    def counted(self, *arguments):  # type: ignore[no-untyped-def]
+        checked.append(arguments[2])
+        return run_checked(self, *arguments)
+
+    monkeypatch.setattr(ModelBinding, "_run_checked", counted)
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores = _points(module, 50), module.Scores.allocate(50)
+    for _ in range(2):
+        model(points, out=scores)
+    assert len(checked) == 2 and len(model._plans) == 1
+    model(points, out=scores)
+    model.run({"points": points}, {"scores": scores})
+    assert len(checked) == 2
+    other = module.Scores.allocate(50)  # another collection: checked, as a first call is
+    model(points, out=other)
+    assert len(checked) == 3 and checked[-1] == (points, other)
+    for out in (scores, other):
+        torch.testing.assert_close(torch.stack([out.a, out.b], 1), _expected(net, points))
 
 
 def test_a_plan_leaves_with_its_collections_and_keeps_no_buffer_alive(module) -> None:  # type: ignore[no-untyped-def]
