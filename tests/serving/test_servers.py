@@ -483,6 +483,54 @@ def test_a_server_killed_mid_stream_loses_no_event_and_comes_back(
 
 
 @needs_triton
+def test_a_request_on_a_server_when_it_is_killed_is_answered_by_another(
+    fleet: Fleet, local: EdgeClassifier
+) -> None:
+    """The request is on its server when the server dies: held at a proxy in front of it until
+    the kill, then forwarded to the dead server. It goes on to the other server, answered once,
+    bit for bit as the local model computes it, and the dead one is taken out."""
+    served = fleet.running()
+    proxy = _HoldingProxy(served[1].url, hold=1)
+    victim, other = proxy.url, served[2].url
+    remote = EdgeClassifier.remote(
+        [victim, other],
+        access_token={victim: served[1].token, other: served[2].token},
+        timeout=10,
+        retries=1,
+        probe_interval=0.25,
+    )
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            remote(nodes, edges, out=out)  # to the proxy first (its turn)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    try:
+        nodes, edges = _event(40, 300, 71)
+        out = EdgeScores.allocate(edges.size, zero=True)
+        out.score.fill_(-1.0)
+        caller = threading.Thread(target=call)
+        caller.start()
+        proxy.wait_held(1)
+        fleet.kill(1)
+        proxy.release.set()
+        caller.join(60)
+        assert not errors, errors
+        assert proxy.outcomes(1) == ["forwarded"]  # to the dead server, which failed it
+        counters = remote.servers
+        assert (counters[victim].failed, counters[victim].retried_elsewhere) == (1, 1)
+        assert not counters[victim].healthy and counters[victim].taken_out == 1
+        assert counters[other].succeeded == 1
+        assert (remote.stats.writes, remote.stats.fallbacks) == (1, 0)
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    finally:
+        remote.close()
+        proxy.close()
+
+
+@needs_triton
 def test_a_request_answered_after_its_deadline_writes_into_no_later_call(
     fleet: Fleet, local: EdgeClassifier
 ) -> None:
