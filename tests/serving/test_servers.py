@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -482,6 +483,22 @@ def test_a_server_killed_mid_stream_loses_no_event_and_comes_back(
     remote.close()
 
 
+def _held_first(
+    fleet: Fleet, held: int, other: int, *, late: bool = False, **options: Any
+) -> tuple[_HoldingProxy, EdgeClassifier]:
+    """Servers `held` and `other` running, a proxy in front of `held` that holds the first request
+    (`_HoldingProxy`), and a remote binding over the proxy, then `other`: the first call goes to
+    the proxy (its turn)."""
+    served = fleet.running()
+    proxy = _HoldingProxy(served[held].url, hold=1, late=late)
+    remote = EdgeClassifier.remote(
+        [proxy.url, served[other].url],
+        access_token={proxy.url: served[held].token, served[other].url: served[other].token},
+        **options,
+    )
+    return proxy, remote
+
+
 @needs_triton
 def test_a_request_on_a_server_when_it_is_killed_is_answered_by_another(
     fleet: Fleet, local: EdgeClassifier
@@ -489,16 +506,8 @@ def test_a_request_on_a_server_when_it_is_killed_is_answered_by_another(
     """The request is on its server when the server dies: held at a proxy in front of it until
     the kill, then forwarded to the dead server. It goes on to the other server, answered once,
     bit for bit as the local model computes it, and the dead one is taken out."""
-    served = fleet.running()
-    proxy = _HoldingProxy(served[1].url, hold=1)
-    victim, other = proxy.url, served[2].url
-    remote = EdgeClassifier.remote(
-        [victim, other],
-        access_token={victim: served[1].token, other: served[2].token},
-        timeout=10,
-        retries=1,
-        probe_interval=0.25,
-    )
+    proxy, remote = _held_first(fleet, 1, 2, timeout=10, retries=1, probe_interval=0.25)
+    victim, other = remote.urls
     errors: list[BaseException] = []
 
     def call() -> None:
@@ -538,16 +547,9 @@ def test_a_request_answered_after_its_deadline_writes_into_no_later_call(
     the outputs into the call's shared-memory region. That region is retired: the call goes on to
     another server with a fresh one, and no later call is handed the old one; the slow server is
     probed back into rotation, and the retired region unregistered there."""
-    served = fleet.running()
-    proxy = _HoldingProxy(served[0].url, hold=1, late=True)
-    slow, other = proxy.url, served[1].url
-    remote = EdgeClassifier.remote(
-        [slow, other],
-        access_token={slow: served[0].token, other: served[1].token},
-        timeout=1.5,
-        retries=0,
-        probe_interval=0.2,
-    )
+    proxy, remote = _held_first(fleet, 0, 1, late=True, timeout=1.5, retries=0, probe_interval=0.2)
+    slow, other = remote.urls
+    served = fleet.served
     try:
         events = [_event(40, 300, 61 + k) for k in range(3)]  # one size: one region fits all
         outs = [EdgeScores.allocate(300, zero=True) for _ in events]
