@@ -21,6 +21,7 @@ The package runs on collections' block views as they are, for any element count,
   keeps the mutation, and Inductor stores the last values straight into the output columns.
 
 The package records soagen's metadata (`soagen.runtime.aot`), is loaded once more after compiling
+(a GPU package first in a process of its own, where a loader that crashes ends only that process)
 and checked against the eager model at several sizes, then moved into place.
 """
 
@@ -32,6 +33,8 @@ import itertools
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -72,6 +75,7 @@ from soagen.dsl.dtypes import INTEGER_DTYPES
 from soagen.runtime.aot import (
     METADATA_FORMAT,
     METADATA_KEY,
+    PACKAGE_MODEL,
     AotBackend,
     describe_binding,
     instruction_sets,
@@ -239,6 +243,8 @@ def _build_package(
         with stages.stage(f"compiling with AOTInductor for {device.type}"):
             _compile(exported, staging, metadata, log)
         with stages.stage("checking the package against the eager model"):
+            if device.type != "cpu":
+                loads_in_a_fresh_process(staging, device)
             _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
             if checked:
                 verify_index_checks(
@@ -657,6 +663,42 @@ def _is_users(path: Path) -> bool:
     if any(path.is_relative_to(paths[key]) for key in ("purelib", "platlib")):
         return True
     return not path.is_relative_to(paths["stdlib"])
+
+
+# What a fresh interpreter runs to load a package as `AotBackend` does: path, device index.
+_LOAD_IN_CHILD = (
+    "import sys, torch; "
+    "torch._C._aoti.AOTIModelPackageLoader(sys.argv[1], sys.argv[2], False, 1, int(sys.argv[3]))"
+)
+
+
+def loads_in_a_fresh_process(package: Path, device: torch.device) -> None:
+    """Load `package` on `device` in a child interpreter first. torch's loader can crash the
+    process instead of raising (torch 2.11's on CUDA, `benchmarks/RESULTS.md`): that is then a
+    `CompileError` naming the signal, not the end of `soagen compile` with a package half done."""
+    index = -1
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    command = [sys.executable, "-c", _LOAD_IN_CHILD, str(package), PACKAGE_MODEL, str(index)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode == 0:
+        return
+    torch_build = f"torch {torch.__version__}"
+    if done.returncode < 0:
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        raise CompileError(
+            f"{torch_build}'s AOTInductor loader crashed ({name}) loading the package it had just "
+            f"compiled for {device}, in a process of its own: loading it would end any process "
+            f"the same way, so the package was not written. This is torch's fault, not the "
+            f"model's; try another torch version, or --device cpu"
+        )
+    lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+    raise CompileError(
+        f"{torch_build} cannot load the package it had just compiled for {device}: {lines[-1]}"
+    )
 
 
 def _verify(

@@ -265,6 +265,36 @@ def test_inputs_go_in_without_copies(gnn: ModuleType, gnn_package: Path) -> None
     assert sources and not any(re.search(rb"clone\w*\(", source) for source in sources)
 
 
+def test_a_package_loads_in_a_fresh_process_first(gnn_package: Path, tmp_path: Path) -> None:
+    # What `soagen compile` does for a GPU package before it loads it in its own process: the
+    # child's crash or failure is a CompileError (here on CPU, the child made to crash).
+    import soagen.build.compile as compile_module
+
+    compile_module.loads_in_a_fresh_process(gnn_package, torch.device("cpu"))  # loads: no error
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"not a zip archive")
+    with pytest.raises(
+        CompileError, match=r"cannot load the package it had just compiled for cpu: "
+    ):
+        compile_module.loads_in_a_fresh_process(broken, torch.device("cpu"))
+
+
+def test_a_loader_that_crashes_its_process_is_a_compile_error(
+    gnn_package: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import soagen.build.compile as compile_module
+
+    # A child that dies of a signal, as torch 2.11's loader did on CUDA packages.
+    monkeypatch.setattr(
+        compile_module, "_LOAD_IN_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    )
+    with pytest.raises(CompileError) as raised:
+        compile_module.loads_in_a_fresh_process(gnn_package, torch.device("cpu"))
+    message = str(raised.value)
+    assert "AOTInductor loader crashed (SIGSEGV)" in message and "was not written" in message
+    assert torch.__version__ in message
+
+
 def test_one_package_from_eight_threads(
     gnn: ModuleType, gnn_model: torch.nn.Module, gnn_package: Path
 ) -> None:
