@@ -666,6 +666,8 @@ def _is_users(path: Path) -> bool:
 
 
 # What a fresh interpreter runs to load a package as `AotBackend` does: path, device index.
+# Loading takes seconds; a loader that hangs is stopped after this long.
+_CHILD_LOAD_S = 600
 _LOAD_IN_CHILD = (
     "import sys, torch; "
     "torch._C._aoti.AOTIModelPackageLoader(sys.argv[1], sys.argv[2], False, 1, int(sys.argv[3]))"
@@ -680,10 +682,17 @@ def loads_in_a_fresh_process(package: Path, device: torch.device) -> None:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
     command = [sys.executable, "-c", _LOAD_IN_CHILD, str(package), PACKAGE_MODEL, str(index)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    torch_build = f"torch {torch.__version__}"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_CHILD_LOAD_S)
+    except subprocess.TimeoutExpired:
+        raise CompileError(
+            f"{torch_build}'s AOTInductor loader did not load the package it had just compiled "
+            f"for {device} within {_CHILD_LOAD_S} s, in a process of its own; the package was "
+            f"not written"
+        ) from None
     if done.returncode == 0:
         return
-    torch_build = f"torch {torch.__version__}"
     if done.returncode < 0:
         try:
             name = signal.Signals(-done.returncode).name

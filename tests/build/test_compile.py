@@ -293,6 +293,11 @@ def test_a_loader_that_crashes_its_process_is_a_compile_error(
     message = str(raised.value)
     assert "AOTInductor loader crashed (SIGSEGV)" in message and "was not written" in message
     assert torch.__version__ in message
+    # One that hangs is stopped.
+    monkeypatch.setattr(compile_module, "_LOAD_IN_CHILD", "import time; time.sleep(60)")
+    monkeypatch.setattr(compile_module, "_CHILD_LOAD_S", 1)
+    with pytest.raises(CompileError, match=r"did not load the package .* within 1 s"):
+        compile_module.loads_in_a_fresh_process(gnn_package, torch.device("cpu"))
 
 
 def test_one_package_from_eight_threads(
