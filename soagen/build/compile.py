@@ -243,8 +243,10 @@ def _build_package(
         with stages.stage(f"compiling with AOTInductor for {device.type}"):
             _compile(exported, staging, metadata, log)
         with stages.stage("checking the package against the eager model"):
-            if device.type != "cpu":
-                loads_in_a_fresh_process(staging, device)
+            if device.type not in _IN_PROCESS_LOADS:
+                failed = loads_in_a_fresh_process(staging, device)
+                if failed is not None:
+                    stages.report(f"loading it in a process of its own failed ({failed})")
             _verify(binding, layouts, reference, staging, sizes, bounds, device, fill)
             if checked:
                 verify_index_checks(
@@ -672,41 +674,67 @@ _LOAD_IN_CHILD = (
     "import sys, torch; "
     "torch._C._aoti.AOTIModelPackageLoader(sys.argv[1], sys.argv[2], False, 1, int(sys.argv[3]))"
 )
+# Devices whose packages are loaded in this process straight away: torch's CPU loader has never
+# crashed one, and a child's start would add seconds to every CPU compile.
+_IN_PROCESS_LOADS = frozenset({"cpu"})
+# Signals that stop a process from outside (the user, the out-of-memory killer): not a crash.
+_STOPPED_BY = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"})
 
 
-def loads_in_a_fresh_process(package: Path, device: torch.device) -> None:
+def loads_in_a_fresh_process(package: Path, device: torch.device) -> str | None:
     """Load `package` on `device` in a child interpreter first. torch's loader can crash the
-    process instead of raising (torch 2.11's on CUDA, `benchmarks/RESULTS.md`): that is then a
-    `CompileError` naming the signal, not the end of `soagen compile` with a package half done."""
+    process instead of raising (torch 2.11's on CUDA, `benchmarks/RESULTS.md`): a crash, a signal
+    or a hang is a `CompileError`, not the end of `soagen compile`. A child that exits with an
+    error (a GPU that takes one process at a time, say) proves nothing either way: its last line
+    is returned, and the check in this process follows. None: loaded."""
     index = -1
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.empty_cache()  # what this process holds but no longer uses, for the child
     command = [sys.executable, "-c", _LOAD_IN_CHILD, str(package), PACKAGE_MODEL, str(index)]
     torch_build = f"torch {torch.__version__}"
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_CHILD_LOAD_S)
-    except subprocess.TimeoutExpired:
-        raise CompileError(
-            f"{torch_build}'s AOTInductor loader did not load the package it had just compiled "
-            f"for {device} within {_CHILD_LOAD_S} s, in a process of its own; the package was "
-            f"not written"
-        ) from None
-    if done.returncode == 0:
-        return
-    if done.returncode < 0:
+    # The loader unpacks the package into a folder of TMPDIR, which a process that dies leaves.
+    with tempfile.TemporaryDirectory(prefix="soagen-load-") as unpacked:
         try:
-            name = signal.Signals(-done.returncode).name
-        except ValueError:
-            name = f"signal {-done.returncode}"
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=_CHILD_LOAD_S,
+                env={**os.environ, "TMPDIR": unpacked},
+            )
+        except subprocess.TimeoutExpired:
+            raise CompileError(
+                f"{torch_build}'s AOTInductor loader did not load the package it had just "
+                f"compiled for {device} within {_CHILD_LOAD_S} s, in a process of its own; the "
+                f"package was not written"
+            ) from None
+        except OSError as error:
+            raise CompileError(
+                f"cannot start a process to load the package in ({error}); the package was not "
+                f"written"
+            ) from None
+    if done.returncode == 0:
+        return None
+    said = done.stderr.strip().splitlines()
+    if done.returncode > 0:
+        return said[-1] if said else f"exit status {done.returncode}"
+    try:
+        name = signal.Signals(-done.returncode).name
+    except ValueError:
+        name = f"signal {-done.returncode}"
+    last = "".join(f"\n  {line}" for line in said[-5:])
+    if name in _STOPPED_BY:
         raise CompileError(
-            f"{torch_build}'s AOTInductor loader crashed ({name}) loading the package it had just "
-            f"compiled for {device}, in a process of its own: loading it would end any process "
-            f"the same way, so the package was not written. This is torch's fault, not the "
-            f"model's; try another torch version, or --device cpu"
+            f"the process loading the package just compiled for {device} was stopped ({name}); "
+            f"the package was not written{last}"
         )
-    lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
     raise CompileError(
-        f"{torch_build} cannot load the package it had just compiled for {device}: {lines[-1]}"
+        f"{torch_build}'s AOTInductor loader crashed ({name}) loading the package it had just "
+        f"compiled for {device}, in a process of its own: loading it here would have ended "
+        f"soagen compile the same way, so the package was not written. Try another torch "
+        f"version, or --device cpu{last}"
     )
 
 
