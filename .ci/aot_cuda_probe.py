@@ -23,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("linear", "gnn", "gnn-soa", "gnn-soagen")
+# A cold compile of the GNN took about a minute on an H100; four variants fit `.ci/gpu`'s budget.
+PER_VARIANT_S = 110
 
 
 def build(variant: str, package: Path) -> None:
@@ -86,15 +88,21 @@ def main() -> int:
         probe(sys.argv[1])
         return 0
     for variant in VARIANTS:
-        done = subprocess.run(
-            [sys.executable, "-X", "faulthandler", __file__, variant],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-X", "faulthandler", __file__, variant],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=PER_VARIANT_S,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"{variant}: not done within {PER_VARIANT_S} s", flush=True)
+            continue
         steps = " / ".join(done.stdout.split("\n")).strip(" /")
-        tail = "" if done.returncode == 0 else done.stderr.strip()[-300:].replace("\n", " | ")
-        print(f"{variant}: rc {done.returncode}: {steps} {tail}", flush=True)
+        print(f"{variant}: rc {done.returncode}: {steps}", flush=True)
+        if done.returncode != 0:
+            print(done.stderr.strip()[-3000:], flush=True)
     return 0
 
 
