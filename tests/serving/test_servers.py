@@ -503,9 +503,10 @@ def _held_first(
 def test_a_request_on_a_server_when_it_is_killed_is_answered_by_another(
     fleet: Fleet, local: EdgeClassifier
 ) -> None:
-    """The request is on its server when the server dies: held at a proxy in front of it until
-    the kill, then forwarded to the dead server. It goes on to the other server, answered once,
-    bit for bit as the local model computes it, and the dead one is taken out."""
+    """The request is in flight when its server dies: held at a proxy in front of the server, whose
+    connection is then cut mid-call (the proxy stops, as a dying server's sockets close) after the
+    server is killed. It goes on to the other server, answered once, bit for bit as the local
+    model computes it, and the dead one is taken out."""
     proxy, remote = _held_first(fleet, 1, 2, timeout=10, retries=1, probe_interval=0.25)
     victim, other = remote.urls
     errors: list[BaseException] = []
@@ -524,10 +525,10 @@ def test_a_request_on_a_server_when_it_is_killed_is_answered_by_another(
         caller.start()
         proxy.wait_held(1)
         fleet.kill(1)
-        proxy.release.set()
+        proxy._server.stop(grace=None)  # the held call's connection goes, the call unanswered
         caller.join(60)
-        assert not errors, errors
-        assert proxy.outcomes(1) == ["forwarded"]  # to the dead server, which failed it
+        assert not caller.is_alive() and not errors, errors
+        assert proxy.outcomes(1) == ["abandoned"]  # never forwarded
         counters = remote.servers
         assert (counters[victim].failed, counters[victim].retried_elsewhere) == (1, 1)
         assert not counters[victim].healthy and counters[victim].taken_out == 1
