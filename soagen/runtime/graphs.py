@@ -301,10 +301,10 @@ class CallGraphs:
                         pass
                     graph.replay()
                     return
-            alive = [typing.cast("Collection", ref()) for ref in collections]
+            called = [typing.cast("Collection", ref()) for ref in collections]
             self._call(
-                dict(zip(self._input_names, alive[:first_output], strict=True)),
-                dict(zip(self._output_names, alive[first_output:], strict=True)),
+                dict(zip(self._input_names, called[:first_output], strict=True)),
+                dict(zip(self._output_names, called[first_output:], strict=True)),
                 device,
             )
 

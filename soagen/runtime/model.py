@@ -523,25 +523,26 @@ class ModelBinding:
                 )
         if not _cpu_settled and device.type == "cpu":
             _settle_cpu()
-        if self._graphs is not None and device.type == self._graphs.device_type:
-            # graphs=True: this call is replayed from, or captured into, a CUDA graph; the next
-            # one with these collections looks its graph up by their plan.
-            if self._makes_plans and in_order and key is not None:
-                if self._called_before(key, collections):
-                    self._run_plan(self._graph_plan(key, collections, outputs, device), collections)
-                    return
-            self._graphs.call(inputs, outputs, device, stream, batch_size)
+        graphs = self._graphs
+        if graphs is not None and device.type != graphs.device_type:
+            graphs = None  # graphs=True, but these collections are where none is captured
+        # The second call with these very collections makes their plan, which the next ones run,
+        # skipping every check above; with graphs, the plan looks their graph up.
+        if self._makes_plans and in_order and key is not None:
+            if self._called_before(key, collections):
+                plan = (
+                    self._plan(key, collections, inputs, outputs, device)
+                    if graphs is None
+                    else self._graph_plan(key, collections, outputs, device)
+                )
+                self._run_plan(plan, collections)
+                return
+        if graphs is not None:
+            # graphs=True: this call is replayed from, or captured into, a CUDA graph.
+            graphs.call(inputs, outputs, device, stream, batch_size)
             return
         if stream is None and batch_size is None:
-            # The common call, without a context manager; the next one with these collections
-            # runs its plan, skipping every check above.
-            if self._makes_plans and in_order and key is not None:
-                if self._called_before(key, collections):
-                    self._run_plan(
-                        self._plan(key, collections, inputs, outputs, device), collections
-                    )
-                    return
-            self._run_once(inputs, outputs, device)
+            self._run_once(inputs, outputs, device)  # the common call, without a context manager
             return
         if batch_size is not None and len(self._whole_inputs) == len(cls.INPUTS):
             raise BindingError(
