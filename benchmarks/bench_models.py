@@ -1082,7 +1082,7 @@ def graph_replay_paths(case: Case) -> dict[str, Callable[[], object]]:
     outputs = {output.name: collection}
     paths: dict[str, Callable[[], object]] = {
         GRAPHS_STAND_IN: lambda: graphed.run(inputs, outputs),
-        "graphs (stand-in replay) runner alone": replay,
+        f"{GRAPHS_STAND_IN.removeprefix('soagen ')} runner alone": replay,
     }
     for name in paths:
         case.readers[name] = lambda: collection.block(output.block)
