@@ -109,3 +109,32 @@ def gnn_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]
     )
     assert done.returncode == 0, done.stderr
     return out, done.stdout, done.stderr
+
+
+@pytest.fixture(scope="session")
+def tracks(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, Path]:
+    """The track schema's module, its factory file and its package built by `compile_model`
+    (`--columnwise --write-outputs`), once per session."""
+    pytest.importorskip("torch")
+    from soagen.build.compile import compile_model
+    from tests.helpers import TRACK_FACTORY, TRACK_SCHEMA, generate_package, import_generated
+
+    root = tmp_path_factory.mktemp("tracks")
+    (root / "tracks.soa").write_text(TRACK_SCHEMA)
+    (root / "track_model.py").write_text(TRACK_FACTORY)
+    lines: list[str] = []
+    package = compile_model(
+        root / "tracks.soa",
+        "TrackNet",
+        f"{root / 'track_model.py'}:build",
+        output=root / "out" / "tracks.pt2",
+        columnwise=True,
+        write_outputs=True,
+        progress=lines.append,
+    )
+    assert package == root / "out" / "tracks.pt2" and package.is_file()
+    assert len([line for line in lines if "done in" in line]) == 6
+    assert "columnwise: mix (1 of 1 nn.Linear layers)" in lines
+    assert [p.name for p in package.parent.iterdir()] == ["tracks.pt2"]  # no staging file left
+    generate_package(root / "tracks.soa", root, "pkg_compile_tracks")
+    return import_generated(root, "pkg_compile_tracks", "tracks"), root / "track_model.py", package

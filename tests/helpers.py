@@ -71,6 +71,61 @@ def modules_imported_by(code: str, modules: tuple[str, ...] = ("torch", "numpy")
 
 
 # `soagen serve` of the example GNN, as the serving tests and benchmarks/bench_serving.py run it.
+# A schema and model of every block shape: a [c, n] block, an [n, 3, 3] column, a block of scalars
+# (one value per collection), and outputs into a layout of their own (`tracks` in conftest).
+TRACK_SCHEMA = """
+layout Tracks {
+    align 64
+    column float32 px, py, pz
+    column float32[3, 3] cov
+    scalar float32 bfield
+}
+
+layout TrackOut {
+    column float32 a, b
+    column float32 q
+}
+
+model TrackNet {
+    input  momentum = Tracks{px, py, pz} as [c, n]
+    input  cov      = Tracks{cov}        as [n, 3, 3]
+    input  bfield   = Tracks{bfield}     as [n]
+    output features = TrackOut{a, b}     as [c, n]
+    output charge   = TrackOut{q}
+}
+"""
+
+TRACK_FACTORY = """
+import torch
+from torch import nn
+
+
+class TrackNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Linear(3 + 9 + 1, 3)
+
+    def forward(self, momentum, cov, bfield):
+        n = bfield.shape[0]
+        x = torch.cat([momentum.t(), cov.reshape(n, 9), bfield[:, None]], dim=1)
+        h = self.mix(x)
+        # A dict, keys not in schema order: the package returns them in schema order.
+        return {"charge": torch.tanh(h[:, 2]), "features": h[:, :2].t() * 2}
+
+
+def build():
+    torch.manual_seed(1)
+    return TrackNet().eval()
+
+
+def not_a_module():
+    return 42
+
+
+def scripted():
+    return torch.jit.script(build())
+"""
+
 SERVE_GNN = (
     "serve",
     "schemas/gnn.soa",
@@ -94,12 +149,20 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def serve_gnn_command(token_file: Path, *extra: str, model_file: Path | None = None) -> list[str]:
-    """`soagen serve` of the example GNN (built by its factory, or loaded from `model_file`) on
-    free loopback ports, its access token written to `token_file`, its ready line in JSON
-    (`serve_ready`)."""
+def serve_gnn_command(
+    token_file: Path,
+    *extra: str,
+    model_file: Path | None = None,
+    model: tuple[str, ...] | None = None,
+) -> list[str]:
+    """`soagen serve` of the example GNN (built by its factory, or loaded from `model_file`), or of
+    `model` (`serve` and its model arguments), on free loopback ports, its access token written to
+    `token_file`, its ready line in JSON (`serve_ready`)."""
     grpc_port, http_port = free_ports(2)
-    model = SERVE_GNN if model_file is None else (*SERVE_GNN[:4], "--model-file", str(model_file))
+    if model is None:
+        model = (
+            SERVE_GNN if model_file is None else (*SERVE_GNN[:4], "--model-file", str(model_file))
+        )
     return [
         sys.executable,
         "-m",

@@ -84,8 +84,24 @@ def add_write_outputs_argument(parser: argparse.ArgumentParser, *, when: str = "
         "--write-outputs",
         action="store_true",
         help=f"{when}the package stores its results straight into the output blocks it is given "
-        "(no result tensors, no write-back copy); soagen serve cannot run such packages",
+        "(no result tensors, no write-back copy); a server allocates them (see --output-size)",
     )
+
+
+def add_output_size_argument(parser: argparse.ArgumentParser, *, when: str) -> None:
+    parser.add_argument(
+        "--output-size",
+        action="append",
+        default=[],
+        metavar="OUTPUT=INPUT",
+        help=f"{when}output OUTPUT's collection has as many elements as input INPUT's (or a "
+        "number) per event; needed where the output has a layout of its own and the inputs "
+        "more than one (repeatable)",
+    )
+
+
+def parse_output_sizes(items: Sequence[str]) -> dict[str, str]:
+    return parse_pairs(items, "--output-size", "edge_scores=edge_features", counts=True)
 
 
 def counted(count: int, word: str) -> str:

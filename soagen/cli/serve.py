@@ -24,8 +24,10 @@ from soagen.cli.common import (
     add_factory_argument,
     add_index_argument,
     add_model_arguments,
+    add_output_size_argument,
     command_failed,
     needs_torch,
+    parse_output_sizes,
     parse_pairs,
     path_argument,
 )
@@ -58,6 +60,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a TorchScript .pt or an AOTInductor .pt2 from `soagen compile`",
     )
+    add_output_size_argument(serve, when="a package built with --write-outputs: ")
     serve.add_argument(
         "--device", default="cpu", help="cpu or cuda[:INDEX], where the model runs (default cpu)"
     )
@@ -146,6 +149,7 @@ def _serve(args: argparse.Namespace, output: Output) -> int:
             metrics_port=args.metrics_port,
             device=args.device,
             index_bounds=bounds,
+            output_sizes=parse_output_sizes(args.output_size),
             triton_model_name=args.triton_name,
             max_batch_size=args.max_batch_size,
             max_queue_delay_us=args.max_queue_delay_us,

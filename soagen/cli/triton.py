@@ -21,8 +21,10 @@ from soagen.cli.common import (
     add_factory_argument,
     add_index_argument,
     add_model_arguments,
+    add_output_size_argument,
     add_write_outputs_argument,
     command_failed,
+    parse_output_sizes,
     parse_pairs,
     path_argument,
     schema_paths,
@@ -119,14 +121,7 @@ def add_arguments(triton: argparse.ArgumentParser) -> None:
         help="run the gathered events as one concatenation per collection (index inputs shifted); "
         "for models that treat events independently",
     )
-    triton.add_argument(
-        "--output-size",
-        action="append",
-        default=[],
-        metavar="OUTPUT=INPUT",
-        help="python backend: output OUTPUT's collection has as many elements as input INPUT's "
-        "(or a number) per event; needed where the output has its own layout (repeatable)",
-    )
+    add_output_size_argument(triton, when="python backend: ")
     add_index_argument(
         triton,
         checked="",
@@ -168,9 +163,7 @@ def run(args: argparse.Namespace, output: Output) -> int:
             max_batch_size=args.max_batch_size,
             max_queue_delay_us=args.max_queue_delay_us,
             merge_events=args.merge_events,
-            output_sizes=parse_pairs(
-                args.output_size, "--output-size", "edge_scores=edge_features", counts=True
-            ),
+            output_sizes=parse_output_sizes(args.output_size),
             index_bounds=parse_pairs(args.index, "--index", INDEX_EXAMPLE) if args.index else None,
         )
         written = write_model(request, progress)

@@ -209,6 +209,14 @@ _STRIDED_COPY_MIN = 8192
 _COPY_CHUNK_BYTES = 4 << 20
 
 
+def same_width_integer(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s bits as integers of the same width, a view (itself if it holds integers or
+    bools): values compare equal where their bits do, NaN included."""
+    if not tensor.dtype.is_floating_point:
+        return tensor
+    return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
+
+
 def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:
     """`target.copy_(source)`, faster between CPU tensors of one dtype and shape whose strides
     differ, as a model's row-major result and the columns of its output block do: through an

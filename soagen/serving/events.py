@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from soagen.runtime.model import indices_outside
+from soagen.runtime.model import indices_outside, shared_members
 from soagen.runtime.spec import BindingSpec
 from soagen.serving.wire import dims_match
 
@@ -27,10 +27,67 @@ if typing.TYPE_CHECKING:
     import torch
 
     from soagen.runtime.collection import Collection
+    from soagen.runtime.model import ModelBinding
 
 
 class EventError(ValueError):
     """An event's tensors do not fit the binding's blocks; the model was not run."""
+
+
+class OutputSizeError(ValueError):
+    """Nothing, or something wrong, says how many elements an output's collection gets."""
+
+
+def output_sizes(
+    model: str,
+    inputs: Sequence[tuple[str, str]],
+    outputs: Sequence[tuple[str, str]],
+    given: Mapping[str, str],
+) -> dict[str, dict[str, object]]:
+    """How many elements each output's collection gets per event, where the server allocates the
+    output collections (the Python backend of `soagen triton`; `soagen serve` with a package built
+    with --write-outputs): the output's own layout if an input binds it (written in place), else
+    `given[output]`, an input name (as many elements as that input's collection) or a number, else
+    the one input layout. `inputs`, `outputs`: (binding name, layout name) in schema order; the
+    result, per output, as `EventLoader.output_count` takes it."""
+    input_layouts = {name: layout for name, layout in inputs}
+    layouts = list(dict.fromkeys(input_layouts.values()))
+    output_layouts = dict(outputs)
+    for name in given:
+        if name not in output_layouts:
+            raise OutputSizeError(
+                f"--output-size: {model} has no output {name!r}; its outputs are "
+                f"{', '.join(output_layouts)}"
+            )
+    sizes: dict[str, dict[str, object]] = {}
+    for name, layout in outputs:
+        if layout in layouts:
+            if name in given:
+                raise OutputSizeError(
+                    f"--output-size {name}: output {name!r} writes into {layout}, which an input "
+                    f"binds, so it has that collection's element count"
+                )
+            sizes[name] = {"layout": layout}
+            continue
+        source = given.get(name)
+        if source is None:
+            if len(layouts) != 1:
+                raise OutputSizeError(
+                    f"output {name!r} ({layout}) has its own collection, and nothing says how "
+                    f"many elements it gets per event: give --output-size {name}=INPUT (as many "
+                    f"as INPUT's collection, one of {', '.join(input_layouts)}) or {name}=COUNT"
+                )
+            source = next(binding for binding, bound in inputs if bound == layouts[0])
+        if source.isdigit():
+            sizes[name] = {"count": int(source)}
+        elif source in input_layouts:
+            sizes[name] = {"input": source}
+        else:
+            raise OutputSizeError(
+                f"--output-size {name}={source}: {source!r} is neither an input of {model} "
+                f"({', '.join(input_layouts)}) nor a count"
+            )
+    return sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +97,9 @@ class EventInput:
     tensor: str  # the request's name for it
     spec: BindingSpec
     dims: tuple[int, ...]  # declared axis order, -1 on the element axis (1 for a block of scalars)
-    scalar: bool = False  # a block of scalars: one value per event, broadcast over n in the model
+    # A block of scalars (one value per collection, stride 0 along n): sent once per event (1
+    # along n in `dims`), or once per element (-1 there) as every other block, all alike.
+    scalar: bool = False
 
     @property
     def layout(self) -> str:
@@ -55,6 +114,36 @@ class EventInput:
 class Event:
     tensors: dict[str, torch.Tensor]  # binding name -> the event's host tensor, declared order
     sizes: dict[str, int]  # input layout name -> element count
+
+
+def writes_over_inputs(binding: type[ModelBinding]) -> str | None:
+    """Why a package built with --write-outputs cannot be served with one collection per layout
+    per event, inputs and outputs alike, or None: an output binding members of an input would
+    be written while the package still reads them."""
+    pairs = shared_members(binding)
+    if not pairs:
+        return None
+    i, o = pairs[0]
+    return (
+        f"output {binding.OUTPUTS[o].name!r} binds members of input {binding.INPUTS[i].name!r}, "
+        f"which a package built with --write-outputs would overwrite while reading them in the "
+        f"server's one collection per layout"
+    )
+
+
+def _check_one_value(item: EventInput, tensor: torch.Tensor) -> None:
+    """A block of scalars sent once per element must hold one value (bit for bit: NaN too)."""
+    from soagen.runtime.buffers import same_width_integer
+
+    axis = typing.cast(int, item.element_axis)
+    if tensor.shape[axis] < 2:
+        return
+    bits = same_width_integer(tensor)
+    if not bool((bits == bits.narrow(axis, 0, 1)).all()):
+        raise EventError(
+            f"input {item.tensor!r} is a block of scalars, one value per {item.layout} "
+            f"collection, and its elements hold different values"
+        )
 
 
 class EventLoader:
@@ -80,6 +169,25 @@ class EventLoader:
     def tensor_name(self, binding: str) -> str:
         return self._tensor_names.get(binding, binding)
 
+    def counts(
+        self, event: Event, outputs: Sequence[tuple[str, Mapping[str, object]]]
+    ) -> tuple[dict[str, int], list[int]]:
+        """The element count of every layout `event` fills (its inputs', then each output's own
+        layout), and each output's. `outputs`: (layout, size) per output, the size as
+        `output_sizes` gives it."""
+        counts = []
+        for _, size in outputs:
+            if "count" in size:
+                counts.append(int(typing.cast(int, size["count"])))
+            elif "input" in size:
+                counts.append(event.sizes[self.layout_of[str(size["input"])]])
+            else:
+                counts.append(event.sizes[str(size["layout"])])
+        layouts = dict(event.sizes)
+        for (layout, _), n in zip(outputs, counts, strict=True):
+            layouts.setdefault(layout, n)
+        return layouts, counts
+
     def event(self, tensors: Mapping[str, torch.Tensor]) -> Event:
         """The event of `tensors` (binding name -> tensor in declared order), checked."""
         from soagen.runtime.buffers import TORCH_DTYPES
@@ -97,9 +205,11 @@ class EventLoader:
                     f"input {item.tensor!r} has shape {list(shape)}, expected {list(item.dims)} "
                     f"(-1: any element count)"
                 )
-            if item.scalar:
-                continue
             axis = item.element_axis
+            if item.scalar:
+                if item.dims[typing.cast(int, axis)] != -1:
+                    continue  # sent once per event: the other inputs give the element count
+                _check_one_value(item, tensor)  # sent once per element (`soagen serve`)
             n = shape[axis] if axis is not None else 0
             if item.layout in sizes and sizes[item.layout] != n:
                 raise EventError(
@@ -161,6 +271,8 @@ class EventLoader:
                 source = event.tensors[item.spec.name]
                 if item.scalar:  # stride 0 along n: write the one value, even for n = 0
                     axis = typing.cast(int, item.element_axis)
+                    if source.shape[axis] == 0:
+                        continue  # sent once per element, and the event has none
                     one = [*target.shape[:axis], 1, *target.shape[axis + 1 :]]
                     target = target.as_strided(one, target.stride()).select(axis, 0)
                     source = source.select(axis, 0)
@@ -171,4 +283,12 @@ class EventLoader:
         return collections, offsets
 
 
-__all__ = ["Event", "EventError", "EventInput", "EventLoader"]
+__all__ = [
+    "Event",
+    "EventError",
+    "EventInput",
+    "EventLoader",
+    "OutputSizeError",
+    "output_sizes",
+    "writes_over_inputs",
+]

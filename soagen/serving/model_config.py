@@ -44,6 +44,7 @@ import soagen
 from soagen.build.errors import CommandError
 from soagen.dsl.ir import Binding, MemberKind, Model, Schema
 from soagen.generator.pyformat import comment_text
+from soagen.serving import events
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_QUEUE_DELAY_US,
@@ -569,53 +570,16 @@ def output_sizes(
     *,
     schema_path: str | None = None,
 ) -> dict[str, dict[str, object]]:
-    """How many elements each output's collection gets per event, for the Python backend: the
-    output's own layout if an input binds it (written in place), else `given[output]`, an input
-    name (as many elements as that input's collection) or a number, else the one input layout."""
+    """How many elements each output's collection gets per event, for the Python backend
+    (`soagen.serving.events.output_sizes`, with the model's bindings from the schema)."""
     path = schema_path or schema.root.path
     model = find_model(schema, model_name, path)
-    inputs = {binding.name: binding for binding in model.inputs}
-    input_layouts = list(dict.fromkeys(binding.layout_name for binding in model.inputs))
-    outputs = {binding.name: binding for binding in model.outputs}
-    for name in given:
-        if name not in outputs:
-            raise TritonError(
-                f"--output-size: {model.name} has no output {name!r}; its outputs are "
-                f"{', '.join(outputs)}",
-                usage=True,
-            )
-    sizes: dict[str, dict[str, object]] = {}
-    for name, binding in outputs.items():
-        if binding.layout_name in input_layouts:
-            if name in given:
-                raise TritonError(
-                    f"--output-size {name}: output {name!r} writes into {binding.layout_name}, "
-                    f"which an input binds, so it has that collection's element count",
-                    usage=True,
-                )
-            sizes[name] = {"layout": binding.layout_name}
-            continue
-        source = given.get(name)
-        if source is None:
-            if len(input_layouts) != 1:
-                choices = ", ".join(inputs)
-                raise TritonError(
-                    f"output {name!r} ({binding.layout_name}) has its own collection, and nothing "
-                    f"says how many elements it gets per event: give --output-size "
-                    f"{name}=INPUT (as many as INPUT's collection, one of {choices}) or "
-                    f"{name}=COUNT",
-                    usage=True,
-                )
-            first = next(b for b in model.inputs if b.layout_name == input_layouts[0])
-            source = first.name
-        if source.isdigit():
-            sizes[name] = {"count": int(source)}
-        elif source in inputs:
-            sizes[name] = {"input": source}
-        else:
-            raise TritonError(
-                f"--output-size {name}={source}: {source!r} is neither an input of {model.name} "
-                f"({', '.join(inputs)}) nor a count",
-                usage=True,
-            )
-    return sizes
+    try:
+        return events.output_sizes(
+            model.name,
+            [(binding.name, binding.layout_name) for binding in model.inputs],
+            [(binding.name, binding.layout_name) for binding in model.outputs],
+            given,
+        )
+    except events.OutputSizeError as error:
+        raise TritonError(str(error), usage=True) from None

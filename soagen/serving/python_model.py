@@ -272,32 +272,18 @@ class SoagenModel:
             for b in range(count)
         ]
 
-    def _output_count(self, output: _Output, event: Event) -> int:
-        size = output.size
-        if "count" in size:
-            return int(typing.cast(int, size["count"]))
-        if "input" in size:
-            return event.sizes[self.loader.layout_of[str(size["input"])]]
-        return event.sizes[str(size["layout"])]
-
     def _run(self, events: Sequence[Event]) -> list[dict[str, torch.Tensor]]:
         """Run events as one concatenation per layout; each event's outputs, by tensor name."""
         # Per event, each output's element count (once: it sizes the allocation and the split).
-        output_counts = [[self._output_count(o, event) for o in self.outputs] for event in events]
-        counts = []
-        for event, ns in zip(events, output_counts, strict=True):
-            sizes = dict(event.sizes)
-            for output, n in zip(self.outputs, ns, strict=True):
-                if output.spec.block.layout not in event.sizes:
-                    sizes[output.spec.block.layout] = n
-            counts.append(sizes)
-        collections, offsets = self.loader.load(events, self.device, counts)
+        sizes = [(o.spec.block.layout, o.size) for o in self.outputs]
+        counts = [self.loader.counts(event, sizes) for event in events]
+        collections, offsets = self.loader.load(events, self.device, [c for c, _ in counts])
         self.model.run(
             {i.spec.name: collections[i.layout] for i in self.loader.inputs},
             {o.spec.name: collections[o.spec.block.layout] for o in self.outputs},
         )
         results = []
-        for placed, ns in zip(offsets, output_counts, strict=True):
+        for placed, (_, ns) in zip(offsets, counts, strict=True):
             outputs = {}
             for output, n in zip(self.outputs, ns, strict=True):
                 layout = output.spec.block.layout

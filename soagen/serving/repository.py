@@ -43,6 +43,7 @@ from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
 from soagen.runtime.spec import declared_index_bounds
+from soagen.serving.events import writes_over_inputs
 from soagen.serving.model_config import (
     RUNTIMES,
     ModelConfig,
@@ -414,20 +415,10 @@ def _from_factory(
 
 
 def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> None:
-    """model.py loads each event into one collection per layout, inputs and outputs alike: a
-    package that writes its outputs there would overwrite members it still reads."""
-    from soagen.runtime.model import shared_members
-
-    pairs = shared_members(binding) if writes_outputs else []
-    if pairs:
-        i, o = pairs[0]
-        raise TritonError(
-            f"output {binding.OUTPUTS[o].name!r} binds members of input "
-            f"{binding.INPUTS[i].name!r}, which a package built with --write-outputs would "
-            f"overwrite while reading them in the Python backend's one collection per layout; "
-            f"use a package that returns its outputs",
-            usage=True,
-        )
+    """model.py loads each event into one collection per layout, inputs and outputs alike."""
+    problem = writes_over_inputs(binding) if writes_outputs else None
+    if problem is not None:
+        raise TritonError(f"{problem}; use a package that returns its outputs", usage=True)
 
 
 def _check_reads_only(written: Sequence[str], source: str) -> None:

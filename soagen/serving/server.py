@@ -62,7 +62,14 @@ from soagen.runtime.collection import Collection
 from soagen.runtime.cpu import ensure_cpu_settings, ensure_malloc_tuning
 from soagen.runtime.model import ModelBinding
 from soagen.serving.errors import ServeError
-from soagen.serving.events import EventError, EventInput, EventLoader
+from soagen.serving.events import (
+    EventError,
+    EventInput,
+    EventLoader,
+    OutputSizeError,
+    output_sizes,
+    writes_over_inputs,
+)
 from soagen.serving.wire import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_QUEUE_DELAY_US,
@@ -182,13 +189,6 @@ def build_binding(
         binding = loaded.binding(os.fspath(model_file), index_bounds=index_bounds)
     except SoaRuntimeError as error:
         raise ServeError(str(error), usage=True) from None
-    if binding._backend.writes_outputs:
-        raise ServeError(
-            f"{model_file}: this package writes its results into output blocks "
-            f"(soagen compile --write-outputs), which the server does not have: it sends each "
-            f"event's results back. Serve a package built without --write-outputs",
-            usage=True,
-        )
     return binding
 
 
@@ -196,7 +196,11 @@ class EventRunner:
     """PyTriton's inference function: runs the binding once per event of a Triton execution."""
 
     def __init__(
-        self, binding: ModelBinding, layouts: Mapping[str, type[Collection]], device: str
+        self,
+        binding: ModelBinding,
+        layouts: Mapping[str, type[Collection]],
+        device: str,
+        output_sizes: Mapping[str, str] | None = None,
     ) -> None:
         import torch
 
@@ -205,7 +209,18 @@ class EventRunner:
         self.device = torch.device(device)
         self.inputs = wire_tensors(cls.INPUTS)
         self.outputs = wire_tensors(cls.OUTPUTS)
-        missing = sorted({wire.layout for wire in self.inputs} - set(layouts))
+        # A package built with --write-outputs stores its results into output blocks: the server
+        # allocates their collections per event, with the element counts `output_sizes` gives.
+        sizes = _output_sizes(binding, output_sizes or {})
+        self._output_sizes = (
+            None
+            if sizes is None
+            else [(spec.block.layout, sizes[spec.name]) for spec in cls.OUTPUTS]
+        )
+        needed = {wire.layout for wire in self.inputs}
+        if sizes is not None:
+            needed |= {spec.block.layout for spec in cls.OUTPUTS}
+        missing = sorted(needed - set(layouts))
         if missing:
             raise ServeError(f"no layout class for {', '.join(missing)} among the loaded modules")
         self.layouts = dict(layouts)
@@ -214,7 +229,7 @@ class EventRunner:
         # unusable for every later request: events are checked on the host first.
         self.loader = EventLoader(
             [
-                EventInput(wire.name, spec, declared_order(wire).dims)
+                EventInput(wire.name, spec, declared_order(wire).dims, wire.scalars)
                 for spec, wire in zip(cls.INPUTS, self.inputs, strict=True)
             ],
             self.layouts,
@@ -278,9 +293,21 @@ class EventRunner:
             if problem is not None:
                 raise EventError(f"input {wire.name!r} {problem}: one event per request")
             tensors[name] = tensor_of(array[0], wire.dtype).permute(inverse)
-        collections, _ = self.loader.load([self.loader.event(tensors)], self.device)
-        inputs = {item.spec.name: collections[item.layout] for item in self.loader.inputs}
-        results = self.binding._evaluate(inputs, self.device, None)
+        event = self.loader.event(tensors)
+        sizes = self._output_sizes
+        if sizes is None:
+            collections, _ = self.loader.load([event], self.device)
+            inputs = {item.spec.name: collections[item.layout] for item in self.loader.inputs}
+            results = self.binding._evaluate(inputs, self.device, None)
+        else:
+            counts, _ = self.loader.counts(event, sizes)
+            collections, _ = self.loader.load([event], self.device, [counts])
+            inputs = {item.spec.name: collections[item.layout] for item in self.loader.inputs}
+            outputs = {
+                spec.name: collections[spec.block.layout] for spec in type(self.binding).OUTPUTS
+            }
+            self.binding.run(inputs, outputs)
+            results = [outputs[spec.name].block(spec.block) for spec in type(self.binding).OUTPUTS]
         answer: dict[str, NDArray[typing.Any]] = {}
         for (wire, dtype, dims), result in zip(self._output_plan, results, strict=True):
             problem = _output_problem(wire, dtype, dims, result)
@@ -289,6 +316,35 @@ class EventRunner:
                 raise ValueError(f"{name} output {wire.name!r} {problem}; nothing was sent")
             answer[wire.name] = numpy_of(contiguous_copy(result.permute(wire.order)).cpu())[None]
         return answer
+
+
+def _output_sizes(
+    binding: ModelBinding, given: Mapping[str, str]
+) -> dict[str, dict[str, object]] | None:
+    """Per output, how many elements its collection gets per event (`events.output_sizes`), for
+    a package built with --write-outputs; None for a model that returns its outputs."""
+    cls = type(binding)
+    if not binding._backend.writes_outputs:
+        if given:
+            raise ServeError(
+                f"--output-size is for a package built with --write-outputs, whose output "
+                f"collections the server allocates; {cls.NAME}'s model returns its outputs, "
+                f"which have the sizes it gives them",
+                usage=True,
+            )
+        return None
+    problem = writes_over_inputs(cls)
+    if problem is not None:
+        raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
+    try:
+        return output_sizes(
+            cls.NAME,
+            [(spec.name, spec.block.layout) for spec in cls.INPUTS],
+            [(spec.name, spec.block.layout) for spec in cls.OUTPUTS],
+            given,
+        )
+    except OutputSizeError as error:
+        raise ServeError(str(error), usage=True) from None
 
 
 def _output_problem(
@@ -399,6 +455,7 @@ def serve(
     metrics_port: int | None = None,
     device: str = "cpu",
     index_bounds: Mapping[str, str] | None = None,
+    output_sizes: Mapping[str, str] | None = None,
     triton_model_name: str | None = None,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     max_queue_delay_us: int = DEFAULT_MAX_QUEUE_DELAY_US,
@@ -413,7 +470,10 @@ def serve(
     or given as `binding` (an instance of the binding class, for tests and notebooks). The model is
     served under `triton_model_name` (default: the binding's name) on `host` (loopback by default)
     at `grpc_port` and `http_port` (metrics only with `metrics_port`). `access_token` guards the
-    shared-memory and statistics APIs (default: a random one, `Server.access_token`).
+    shared-memory and statistics APIs (default: a random one, `Server.access_token`). A package
+    built with --write-outputs stores into output collections the server allocates per event:
+    `output_sizes` (output -> input name or count, `--output-size`) says how many elements each
+    gets where its layout is its own and the inputs have several (`events.output_sizes`).
 
     What cannot work raises a `soagen.build.errors.CommandError`: a `ServeError`, or one of the
     `soagen.build.model` helpers it shares with `soagen compile` (a factory that fails, say).
@@ -436,7 +496,7 @@ def serve(
     # PyTriton runs the model in a thread of its own: tune malloc before it starts (the tuning
     # keeps threads on the main arena; the GNN at 1e6 edges took 600-800 ms per event, not 200).
     ensure_malloc_tuning()
-    runner = EventRunner(binding, loaded.layouts, device)
+    runner = EventRunner(binding, loaded.layouts, device, output_sizes)
     served_name = triton_model_name or model_name
     access_token = access_token or secrets.token_urlsafe(32)
     import numpy as np

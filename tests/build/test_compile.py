@@ -37,63 +37,16 @@ from soagen.runtime.errors import (  # noqa: E402
     InputModifiedError,
     ModelLoadError,
 )
-from tests.helpers import REPO, generate_package, import_generated, run_cli  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    REPO,
+    TRACK_FACTORY,
+    generate_package,
+    import_generated,
+    run_cli,
+)
 
 GNN_SCHEMA = REPO / "schemas" / "gnn.soa"
 GNN_FACTORY = "examples/gnn_model.py:build_model"
-
-TRACK_SCHEMA = """
-layout Tracks {
-    align 64
-    column float32 px, py, pz
-    column float32[3, 3] cov
-    scalar float32 bfield
-}
-
-layout TrackOut {
-    column float32 a, b
-    column float32 q
-}
-
-model TrackNet {
-    input  momentum = Tracks{px, py, pz} as [c, n]
-    input  cov      = Tracks{cov}        as [n, 3, 3]
-    input  bfield   = Tracks{bfield}     as [n]
-    output features = TrackOut{a, b}     as [c, n]
-    output charge   = TrackOut{q}
-}
-"""
-
-TRACK_FACTORY = """
-import torch
-from torch import nn
-
-
-class TrackNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.mix = nn.Linear(3 + 9 + 1, 3)
-
-    def forward(self, momentum, cov, bfield):
-        n = bfield.shape[0]
-        x = torch.cat([momentum.t(), cov.reshape(n, 9), bfield[:, None]], dim=1)
-        h = self.mix(x)
-        # A dict, keys not in schema order: the package returns them in schema order.
-        return {"charge": torch.tanh(h[:, 2]), "features": h[:, :2].t() * 2}
-
-
-def build():
-    torch.manual_seed(1)
-    return TrackNet().eval()
-
-
-def not_a_module():
-    return 42
-
-
-def scripted():
-    return torch.jit.script(build())
-"""
 
 
 @pytest.fixture(scope="session")
@@ -116,30 +69,6 @@ def gnn_model() -> torch.nn.Module:
     finally:
         sys.path.remove(str(REPO))
     return build_model()
-
-
-@pytest.fixture(scope="session")
-def tracks(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Path, Path]:
-    """The track schema's module, its factory file and its package built by `compile_model`."""
-    root = tmp_path_factory.mktemp("tracks")
-    (root / "tracks.soa").write_text(TRACK_SCHEMA)
-    (root / "track_model.py").write_text(TRACK_FACTORY)
-    lines: list[str] = []
-    package = compile_model(
-        root / "tracks.soa",
-        "TrackNet",
-        f"{root / 'track_model.py'}:build",
-        output=root / "out" / "tracks.pt2",
-        columnwise=True,
-        write_outputs=True,
-        progress=lines.append,
-    )
-    assert package == root / "out" / "tracks.pt2" and package.is_file()
-    assert len([line for line in lines if "done in" in line]) == 6
-    assert "columnwise: mix (1 of 1 nn.Linear layers)" in lines
-    assert [p.name for p in package.parent.iterdir()] == ["tracks.pt2"]  # no staging file left
-    generate_package(root / "tracks.soa", root, "pkg_compile_tracks")
-    return import_generated(root, "pkg_compile_tracks", "tracks"), root / "track_model.py", package
 
 
 def _gnn_inputs(gnn: ModuleType, n_nodes: int, n_edges: int, seed: int = 0) -> tuple[Any, Any]:
@@ -629,12 +558,52 @@ def test_a_package_that_writes_outputs_checks_them_and_needs_them(
         compiled._evaluate(
             {"momentum": tracks_in, "cov": tracks_in, "bfield": tracks_in}, tracks_in.device, None
         )
-    from soagen.serving.errors import ServeError
-    from soagen.serving.server import LoadedBinding, build_binding
 
+
+def test_a_server_allocates_the_outputs_a_writing_package_stores_into(
+    tracks: tuple[ModuleType, Path, Path],
+) -> None:
+    # `soagen serve`'s function for each event of a Triton execution, in this process: the
+    # output collection (TrackOut, a layout of its own) gets as many elements as the one input
+    # layout's, and the answer is what a local call of the package writes, bit for bit.
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import EventRunner, LoadedBinding, build_binding
+    from soagen.serving.wire import ERROR_OUTPUT, wire_tensor
+
+    module, _, package = tracks
     loaded = LoadedBinding(module.TrackNet, {"Tracks": module.Tracks, "TrackOut": module.TrackOut})
-    with pytest.raises(ServeError, match="writes its results into output blocks"):
-        build_binding(loaded, model_file=package)
+    served = build_binding(loaded, model_file=package)
+    assert served._backend.writes_outputs
+    runner = EventRunner(served, loaded.layouts, "cpu")
+    local = module.TrackNet.load(package)
+    generator = torch.Generator().manual_seed(5)
+    requests, expected = [], []
+    for n in (1, 30, 77):
+        tracks_in = module.Tracks.allocate(n)
+        tracks_in.block("momentum").copy_(torch.randn(3, n, generator=generator))
+        tracks_in.cov.copy_(torch.randn(n, 3, 3, generator=generator))
+        tracks_in.bfield.fill_(3.8)
+        data = {}
+        for spec in module.TrackNet.INPUTS:
+            wire = wire_tensor(spec)
+            data[wire.name] = tracks_in.block(spec.block).permute(wire.order).contiguous()
+            data[wire.name] = data[wire.name].numpy()[None]
+        requests.append(type("Request", (), {"data": data})())
+        out = module.TrackOut.allocate(n, zero=True)
+        local(tracks_in, out=out)
+        expected.append(out)
+    answers = runner(requests)
+    for answer, out in zip(answers, expected, strict=True):
+        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+        for spec in module.TrackNet.OUTPUTS:
+            wire = wire_tensor(spec)
+            want = out.block(spec.block).permute(wire.order).contiguous()
+            assert torch.equal(torch.from_numpy(answer[wire.name][0]), want), spec.name
+    assert runner(requests[:1])[0]["charge"].shape == (1, 1)
+    with pytest.raises(ServeError, match=r"'nothing' is neither an input of TrackNet"):
+        EventRunner(served, loaded.layouts, "cpu", {"charge": "nothing"})
+    with pytest.raises(ServeError, match="no layout class for TrackOut"):
+        EventRunner(served, {"Tracks": module.Tracks}, "cpu")
 
 
 WRITER_SCHEMA = """

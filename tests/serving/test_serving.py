@@ -67,12 +67,17 @@ class Served:
     workspace: str
 
 
-def _start_server(folder: Path, *extra: str, model_file: Path | None = None) -> Served:
+def _start_server(
+    folder: Path,
+    *extra: str,
+    model_file: Path | None = None,
+    model: tuple[str, ...] | None = None,
+) -> Served:
     token_file, log = folder / "token", folder / "server.log"
     with log.open("w") as log_file:
         # A session of its own, so a test can kill the server with everything it started.
         process = subprocess.Popen(
-            serve_gnn_command(token_file, *extra, model_file=model_file),
+            serve_gnn_command(token_file, *extra, model_file=model_file, model=model),
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=log_file,
@@ -352,6 +357,53 @@ def test_an_event_that_fails_among_others_is_answered_alone(local: EdgeClassifie
         runner([_wire_request(bad_nodes, bad_edges)])
 
 
+def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
+    local: EdgeClassifier,
+) -> None:
+    # A model that stores into its output blocks (as a package built with --write-outputs does)
+    # is handed collections the server allocates per event. EdgeScores is a layout of its own
+    # and the inputs span two: `--output-size edge_scores=edge_features` sizes it per event.
+    from soagen.runtime import ensure_cpu_settings
+    from soagen.runtime.backends import Backend, Runner
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import EventRunner
+    from soagen.serving.wire import ERROR_OUTPUT
+
+    class Writing(Backend):
+        kind = "aot"
+        records_autograd = False
+        writes_outputs = True
+        moves_version_counters = False
+
+        def place(self, device: torch.device) -> Runner:
+            def run(tensors: object) -> object:
+                *inputs, scores = typing.cast(list[torch.Tensor], tensors)
+                with torch.no_grad():
+                    scores.copy_(model(*inputs))
+                return []
+
+            return run
+
+    ensure_cpu_settings()
+    model = build_model()
+    writing = EdgeClassifier(Writing("a writing double"))
+    layouts = {"Nodes": Nodes, "Edges": Edges, "EdgeScores": EdgeScores}
+    with pytest.raises(ServeError, match="give --output-size edge_scores=INPUT"):
+        EventRunner(writing, layouts, "cpu")
+    with pytest.raises(ServeError, match="'nodes' is neither an input of EdgeClassifier"):
+        EventRunner(writing, layouts, "cpu", {"edge_scores": "nodes"})
+    with pytest.raises(ServeError, match="--output-size is for a package built with"):
+        EventRunner(local, layouts, "cpu", {"edge_scores": "edge_features"})
+    runner = EventRunner(writing, layouts, "cpu", {"edge_scores": "edge_features"})
+    events = [_event(10 + k, 30 + 17 * k, k) for k in range(3)]
+    answers = runner([_wire_request(*event) for event in events])
+    for (nodes, edges), answer in zip(events, answers, strict=True):
+        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+        assert torch.equal(
+            torch.from_numpy(answer["edge_scores"][0]), _expected(local, nodes, edges)
+        )
+
+
 def test_client_follows_the_servers_axis_order_and_batch_axis() -> None:
     from soagen.serving.client import _served
 
@@ -473,6 +525,8 @@ def test_serve_usage_errors_exit_2() -> None:
     assert status == 2 and "no model 'Nope'" in err and "EdgeClassifier" in err
     status, _, err = run_cli(*SERVE_GNN, "--grpc-port", "70000")
     assert status == 2 and "--grpc-port" in err
+    status, _, err = run_cli(*SERVE_GNN, "--output-size", "edge_scores=edge_features")
+    assert status == 2 and "--output-size is for a package built with --write-outputs" in err
 
 
 # A real server.
@@ -576,6 +630,37 @@ def test_an_aot_package_serves_and_a_bad_index_fails_only_its_own_call(
         edges.src[3] = 0
         remote(nodes, edges, out=out)  # the server is still there
         assert aot_server.process.poll() is None
+
+
+@needs_triton
+def test_a_package_that_writes_its_outputs_is_served(
+    tmp_path: Path, tracks: tuple[ModuleType, Path, Path]
+) -> None:
+    # `soagen compile --write-outputs` (the fastest package) served by `soagen serve`: the server
+    # allocates each event's output collection (TrackOut, sized as the one input layout), the
+    # package stores into it, and the client gets what a local call writes, bit for bit. The
+    # schema's block of scalars (`bfield`) travels once per element and is stored once.
+    module, _, package = tracks
+    schema = package.parent.parent / "tracks.soa"
+    model = ("serve", str(schema), "--model", "TrackNet", "--model-file", str(package))
+    served = _start_server(tmp_path, model=model)
+    local = module.TrackNet.load(package)
+    generator = torch.Generator().manual_seed(3)
+    try:
+        with module.TrackNet.remote(served.url, access_token=served.token) as remote:
+            for n in (1, 40, 333):
+                tracks_in = module.Tracks.allocate(n)
+                tracks_in.block("momentum").copy_(torch.randn(3, n, generator=generator))
+                tracks_in.cov.copy_(torch.randn(n, 3, 3, generator=generator))
+                tracks_in.bfield.fill_(float(n))
+                out = module.TrackOut.allocate(n, zero=True)
+                expected = module.TrackOut.allocate(n, zero=True)
+                remote(tracks_in, out=out)
+                local(tracks_in, out=expected)
+                assert torch.equal(out.block("features"), expected.block("features"))
+                assert torch.equal(out.q, expected.q) and bool(out.q.any())
+    finally:
+        _stop(served.process)
 
 
 @needs_triton
@@ -1034,3 +1119,38 @@ def test_events_of_inputs_declared_same_n_must_agree(tmp_path: Path) -> None:
     }
     with pytest.raises(EventError, match=r"input 'mask' holds 1 elements and 'particles' 100"):
         loader.event({"particles": particles, "mask": mask[:1]})
+
+
+def test_a_block_of_scalars_sent_per_element_is_stored_once_and_must_hold_one_value(
+    generated_from_text: Callable[[str], ModuleType],
+) -> None:
+    """`soagen serve`'s wire carries a block of scalars (stride 0 along n) once per element, as
+    the client's broadcast view reads: the loader stores one value, bit for bit (NaN too), and
+    refuses copies that differ, which no collection could hold."""
+    from soagen.serving.events import EventError, EventInput, EventLoader
+    from soagen.serving.wire import declared_order, wire_tensors
+    from tests.helpers import TRACK_SCHEMA
+
+    module = generated_from_text(TRACK_SCHEMA)
+    specs = module.TrackNet.INPUTS
+    loader = EventLoader(
+        [
+            EventInput(w.name, s, declared_order(w).dims, w.scalars)
+            for s, w in zip(specs, wire_tensors(specs), strict=True)
+        ],
+        {"Tracks": module.Tracks},
+    )
+
+    def load(n: int, bfield: torch.Tensor) -> typing.Any:
+        event = loader.event(
+            {"momentum": torch.ones(3, n), "cov": torch.ones(n, 3, 3), "bfield": bfield}
+        )
+        collections, _ = loader.load([event], torch.device("cpu"))
+        return collections["Tracks"]
+
+    tracks = load(4, torch.full((4,), float("nan")))
+    assert tracks.size == 4 and bool(tracks.bfield.isnan())
+    assert load(4, torch.full((4,), 3.8)).bfield.item() == pytest.approx(3.8)
+    assert load(0, torch.empty(0)).size == 0  # no element carries it: nothing to store
+    with pytest.raises(EventError, match="'bfield' is a block of scalars, one value per Tracks"):
+        load(4, torch.tensor([3.8, 3.8, 3.8, 4.0]))
