@@ -10,12 +10,19 @@ brings the crash in:
 - `gnn-soa`: soagen's export (strided SoA views, its wrapper) compiled without soagen's metadata;
 - `gnn-soagen`: `soagen compile`'s package (metadata included), its own check skipped.
 
-Usage: python3 .ci/aot_cuda_probe.py [VARIANT]; without one, runs each in a child process and
-prints one line per variant.
+The first variant whose load crashes has its package loaded again, alone, in fresh processes: with
+`AOT_INDUCTOR_WEIGHT_USE_CACHING_ALLOCATOR=1` (the constructor's weights through torch's caching
+allocator instead of its own cudaMalloc), and under gdb where the image has it (a native backtrace:
+the model's library, libtorch or libcuda).
+
+Usage: python3 .ci/aot_cuda_probe.py [VARIANT PACKAGE | load PACKAGE]; without arguments, runs each
+variant in a child process and prints one line per variant and per follow-up.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("linear", "gnn", "gnn-soa", "gnn-soagen")
 # A cold compile of the GNN took about a minute on an H100; four variants fit `.ci/gpu`'s budget.
 PER_VARIANT_S = 110
+# A load alone takes seconds; under gdb, more.
+FOLLOW_UP_S = 45
 
 
 def build(variant: str, package: Path) -> None:
@@ -73,36 +82,57 @@ def build(variant: str, package: Path) -> None:
     aoti_compile_and_package(exported, package_path=str(package))
 
 
-def probe(variant: str) -> None:
+def probe(variant: str, package: Path) -> None:
     from torch._inductor import aoti_load_package
 
-    package = Path(tempfile.mkdtemp()) / f"{variant}.pt2"
-    build(variant, package)
-    print(f"built {package.stat().st_size} bytes", flush=True)
+    if variant != "load":
+        build(variant, package)
+        print(f"built {package.stat().st_size} bytes", flush=True)
     aoti_load_package(str(package))
     print("loaded", flush=True)
 
 
+def run(label: str, command: list[str], timeout: int, env: dict[str, str] | None = None) -> int:
+    """Run one child, print its line (and its error's tail); its exit status, or -1 on timeout."""
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        print(f"{label}: not done within {timeout} s", flush=True)
+        return -1
+    steps = " / ".join(done.stdout.split("\n")).strip(" /")
+    print(f"{label}: rc {done.returncode}: {steps[-2000:]}", flush=True)
+    if done.returncode != 0:
+        print(done.stderr.strip()[-3000:], flush=True)
+    return done.returncode
+
+
+def follow_up(package: Path) -> None:
+    """Load a package that crashed again, alone: another allocator, and a native backtrace."""
+    load = [sys.executable, "-X", "faulthandler", __file__, "load", str(package)]
+    env = {**os.environ, "AOT_INDUCTOR_WEIGHT_USE_CACHING_ALLOCATOR": "1"}
+    run("  load alone, caching allocator", load, FOLLOW_UP_S, env)
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        print("  gdb: not on this image", flush=True)
+        return
+    batch = [gdb, "-batch", "-ex", "run", "-ex", "bt 30", "--args", *load]
+    run("  load alone under gdb", batch, FOLLOW_UP_S)
+
+
 def main() -> int:
-    if len(sys.argv) > 1:
-        probe(sys.argv[1])
+    if len(sys.argv) > 2:
+        probe(sys.argv[1], Path(sys.argv[2]))
         return 0
+    followed = False
     for variant in VARIANTS:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-X", "faulthandler", __file__, variant],
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=PER_VARIANT_S,
-            )
-        except subprocess.TimeoutExpired:
-            print(f"{variant}: not done within {PER_VARIANT_S} s", flush=True)
-            continue
-        steps = " / ".join(done.stdout.split("\n")).strip(" /")
-        print(f"{variant}: rc {done.returncode}: {steps}", flush=True)
-        if done.returncode != 0:
-            print(done.stderr.strip()[-3000:], flush=True)
+        package = Path(tempfile.mkdtemp()) / f"{variant}.pt2"
+        command = [sys.executable, "-X", "faulthandler", __file__, variant, str(package)]
+        status = run(variant, command, PER_VARIANT_S)
+        if status not in (0, -1) and package.is_file() and not followed:
+            followed = True  # the first crash names the cause; the budget allows one follow-up
+            follow_up(package)
     return 0
 
 
