@@ -115,8 +115,8 @@ def compile_model(
     Inductor fuses them into one loop; the package is still checked against the model as written.
     `write_outputs` exports `forward(*inputs, *outputs)` copying each result into its output
     block inside the graph, so Inductor stores the last values straight into the output columns:
-    no result tensors, no write-back copy (`soagen serve`, which has no output blocks, refuses such
-    packages). `examples` ("path/to/file.py:function") fills the example collections the model
+    no result tensors, no write-back copy (a server allocates the output blocks per event, sized as
+    the package records). `examples` ("path/to/file.py:function") fills the example collections the model
     is exported and checked on with realistic values (`soagen.build.model.ExampleFill`). Raises
     `SchemaError` for schema errors and `CommandError` for everything else: a
     `CompileError`, or the `soagen.build.model` helpers' own (a factory that fails, say). Prints

@@ -390,6 +390,28 @@ class AotBackend(Backend):
         """Index inputs recorded at compile time (`--index`), each with the input it indexes."""
         return dict(self._index_bounds)
 
+    @property
+    def output_counts(self) -> Mapping[str, str]:
+        """An output block's element count as the package was exported with it: a number (one
+        total per event, say), or the symbol of an input's element count, named by that input."""
+        geometry = self.metadata.get("input_geometry", [])
+        inputs, outputs = self.binding.INPUTS, self.binding.OUTPUTS
+        if not self.writes_outputs or len(geometry) != len(inputs) + len(outputs):
+            return {}
+        symbols: dict[str, str] = {}
+        for spec, entry in zip(inputs, geometry[: len(inputs)], strict=True):
+            size = _element_count(spec, entry)
+            if size is not None and not size.isdigit():
+                symbols.setdefault(size, spec.name)
+        counts = {}
+        for spec, entry in zip(outputs, geometry[len(inputs) :], strict=True):
+            size = _element_count(spec, entry)
+            if size is not None and size.isdigit():
+                counts[spec.name] = size
+            elif size is not None and size in symbols:
+                counts[spec.name] = symbols[size]
+        return counts
+
     def place(self, device: torch.device) -> Runner:
         import torch
 
@@ -536,6 +558,14 @@ def _compile_expression(text: str) -> _Evaluate | None:
 
 
 _ACCEPTED_GEOMETRIES = 1024  # bounded: sizes vary per event
+
+
+def _element_count(spec: BindingSpec, entry: Mapping[str, typing.Any]) -> str | None:
+    """The size along n (a number or a symbol) a package's recorded geometry gives a block."""
+    axes, sizes = spec.block.axes, entry.get("sizes", [])
+    if "n" not in axes or len(sizes) != len(axes):
+        return None
+    return str(sizes[axes.index("n")])
 
 
 class _InputCheck:

@@ -87,6 +87,13 @@ class Backend(abc.ABC):
         """Index inputs the model file declares, each with the input whose elements it indexes."""
         return {}
 
+    @property
+    def output_counts(self) -> Mapping[str, str]:
+        """Outputs whose element count the model file fixes (where it `writes_outputs`): each
+        with an input's name (as many elements as that input's collection) or a count. A server
+        that allocates the output collections sizes them by it."""
+        return {}
+
     def on(self, device: torch.device) -> Runner:
         """The runner for `device`, built at the first call there; "cuda" means the current GPU."""
         if device.index is None and device.type == "cuda":

@@ -860,8 +860,8 @@ class ModelBinding:
             if targets is None:
                 raise BindingError(
                     f"{cls.NAME}: {self._backend.description} writes its results into output "
-                    f"blocks, and this call has none; serving needs a package that returns them "
-                    f"(built without --write-outputs)"
+                    f"blocks, and this call has none: give it output collections (`out=`, or "
+                    f"`run(inputs, outputs)`)"
                 )
             # The package checks the output blocks' geometry with the inputs' and writes them.
             runner([*arguments, *targets])

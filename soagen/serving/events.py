@@ -45,11 +45,12 @@ def output_sizes(
     given: Mapping[str, str],
 ) -> dict[str, dict[str, object]]:
     """How many elements each output's collection gets per event, where the server allocates the
-    output collections (the Python backend of `soagen triton`; `soagen serve` with a package built
-    with --write-outputs): the output's own layout if an input binds it (written in place), else
-    `given[output]`, an input name (as many elements as that input's collection) or a number, else
-    the one input layout. `inputs`, `outputs`: (binding name, layout name) in schema order; the
-    result, per output, as `EventLoader.output_count` takes it."""
+    output collections (the Python backend of `soagen triton`; `soagen serve` with a model that
+    stores into its output blocks): the output's own layout if an input binds it (written in
+    place), else `given[output]` (`--output-size`), an input name (as many elements as that
+    input's collection) or a count, else the one input layout. `inputs`, `outputs`: (binding
+    name, layout name) in schema order; the result, per output, as `EventLoader.counts` takes it.
+    Outputs into one layout of their own share its collection, so they must agree."""
     input_layouts = {name: layout for name, layout in inputs}
     layouts = list(dict.fromkeys(input_layouts.values()))
     output_layouts = dict(outputs)
@@ -61,15 +62,15 @@ def output_sizes(
             )
     sizes: dict[str, dict[str, object]] = {}
     for name, layout in outputs:
+        source = given.get(name)
         if layout in layouts:
-            if name in given:
+            if source is not None:
                 raise OutputSizeError(
                     f"--output-size {name}: output {name!r} writes into {layout}, which an input "
                     f"binds, so it has that collection's element count"
                 )
             sizes[name] = {"layout": layout}
             continue
-        source = given.get(name)
         if source is None:
             if len(layouts) != 1:
                 raise OutputSizeError(
@@ -78,14 +79,28 @@ def output_sizes(
                     f"as INPUT's collection, one of {', '.join(input_layouts)}) or {name}=COUNT"
                 )
             source = next(binding for binding, bound in inputs if bound == layouts[0])
-        if source.isdigit():
+        source = str(source)
+        if source.isascii() and source.isdigit() and int(source) >= 1:
             sizes[name] = {"count": int(source)}
         elif source in input_layouts:
             sizes[name] = {"input": source}
         else:
             raise OutputSizeError(
                 f"--output-size {name}={source}: {source!r} is neither an input of {model} "
-                f"({', '.join(input_layouts)}) nor a count"
+                f"({', '.join(input_layouts)}) nor a count >= 1"
+            )
+    shared: dict[str, tuple[str, object]] = {}
+    for name, layout in outputs:
+        size = sizes[name]  # a count, or the layout whose element count it takes
+        if "count" in size:
+            resolved = size["count"]
+        else:
+            resolved = input_layouts[str(size["input"])] if "input" in size else layout
+        first = shared.setdefault(layout, (name, resolved))
+        if first[1] != resolved:
+            raise OutputSizeError(
+                f"--output-size: outputs {first[0]!r} and {name!r} share the {layout} collection "
+                f"of each event, so they need one element count; they were given two"
             )
     return sizes
 

@@ -322,27 +322,50 @@ def _output_sizes(
     binding: ModelBinding, given: Mapping[str, str]
 ) -> dict[str, dict[str, object]] | None:
     """Per output, how many elements its collection gets per event (`events.output_sizes`), for
-    a package built with --write-outputs; None for a model that returns its outputs."""
+    a model that stores into its output blocks (a package built with --write-outputs, an ONNX
+    model); None for one that returns its outputs. A package's own counts, recorded when it was
+    exported, are used, and a given size that differs is refused."""
     cls = type(binding)
-    if not binding._backend.writes_outputs:
+    backend = binding._backend
+    if not backend.writes_outputs:
         if given:
             raise ServeError(
-                f"--output-size is for a package built with --write-outputs, whose output "
+                f"output sizes (--output-size) are for a model that stores into its output "
+                f"blocks (a package built with --write-outputs, an ONNX model), whose "
                 f"collections the server allocates; {cls.NAME}'s model returns its outputs, "
                 f"which have the sizes it gives them",
                 usage=True,
             )
         return None
-    problem = writes_over_inputs(cls)
-    if problem is not None:
-        raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
+    if not backend.outputs_may_overlap_inputs:
+        problem = writes_over_inputs(cls)
+        if problem is not None:
+            raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
+    inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
+    outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
+    input_layouts = dict(inputs)
+    given = {name: str(size) for name, size in given.items()}
+    fixed = {
+        name: count
+        for name, count in backend.output_counts.items()
+        if dict(outputs)[name] not in input_layouts.values()
+    }
+    for name, size in given.items():
+        count = fixed.get(name)
+        known = size.isdigit() or size in input_layouts  # what is neither: `output_sizes` says
+        if (
+            count is not None
+            and known
+            and input_layouts.get(count, count) != input_layouts.get(size, size)
+        ):
+            exported = f"{count} elements" if count.isdigit() else f"as many elements as {count!r}"
+            raise ServeError(
+                f"--output-size {name}={size}: {backend.description} was exported with output "
+                f"{name!r} of {exported}",
+                usage=True,
+            )
     try:
-        return output_sizes(
-            cls.NAME,
-            [(spec.name, spec.block.layout) for spec in cls.INPUTS],
-            [(spec.name, spec.block.layout) for spec in cls.OUTPUTS],
-            given,
-        )
+        return output_sizes(cls.NAME, inputs, outputs, {**fixed, **given})
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
 

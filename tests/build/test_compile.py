@@ -600,6 +600,12 @@ def test_a_server_allocates_the_outputs_a_writing_package_stores_into(
             want = out.block(spec.block).permute(wire.order).contiguous()
             assert torch.equal(torch.from_numpy(answer[wire.name][0]), want), spec.name
     assert runner(requests[:1])[0]["charge"].shape == (1, 1)
+    # The package records its outputs' counts (the symbol of the inputs' n): a size that agrees
+    # (another input of the same layout) is taken, one that differs is refused at start.
+    assert served._backend.output_counts == {"features": "momentum", "charge": "momentum"}
+    EventRunner(served, loaded.layouts, "cpu", {"charge": "cov"})
+    with pytest.raises(ServeError, match="exported with output 'charge' of as many elements as"):
+        EventRunner(served, loaded.layouts, "cpu", {"charge": "5"})
     with pytest.raises(ServeError, match=r"'nothing' is neither an input of TrackNet"):
         EventRunner(served, loaded.layouts, "cpu", {"charge": "nothing"})
     with pytest.raises(ServeError, match="no layout class for TrackOut"):

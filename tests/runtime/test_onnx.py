@@ -311,6 +311,40 @@ def test_the_readme_gnn_equals_ort_and_eager(
         edges.src[0] = bad
 
 
+def test_an_onnx_model_is_served_into_output_collections_the_server_allocates(
+    files: dict[str, Path],
+) -> None:
+    """`soagen serve --model-file gnn.onnx`'s function for each event, in this process: ONNX
+    Runtime writes into output blocks, so the server allocates EdgeScores per event, sized as
+    `--output-size` says (nothing in the file does), and answers what a local call writes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from examples.gnn_model import fill_examples
+    from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import EventRunner
+    from soagen.serving.wire import ERROR_OUTPUT, wire_tensor
+
+    served = EdgeClassifier.load(files["gnn"])
+    layouts = {"Nodes": Nodes, "Edges": Edges, "EdgeScores": EdgeScores}
+    with pytest.raises(ServeError, match="give --output-size edge_scores=INPUT"):
+        EventRunner(served, layouts, "cpu")
+    runner = EventRunner(served, layouts, "cpu", {"edge_scores": "edge_index"})
+    local = EdgeClassifier.load(files["gnn"])
+    for nodes_n, edges_n in ((1, 1), (100, 700)):
+        nodes, edges = Nodes.allocate(nodes_n), Edges.allocate(edges_n)
+        fill_examples({"Nodes": nodes, "Edges": edges})
+        data = {}
+        for spec, collection in zip(served.INPUTS, (nodes, edges, edges), strict=True):
+            wire = wire_tensor(spec)
+            data[wire.name] = collection.block(spec.block).permute(wire.order).contiguous()
+            data[wire.name] = data[wire.name].numpy()[None]
+        (answer,) = runner([type("Request", (), {"data": data})()])
+        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+        want = EdgeScores.allocate(edges_n, zero=True)
+        local(nodes, edges, out=want)
+        assert torch.equal(torch.from_numpy(answer["edge_scores"][0]), want.score)
+
+
 def test_calls_on_the_same_blocks_reuse_their_binding(
     modules: dict[int, ModuleType], files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

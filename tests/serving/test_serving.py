@@ -392,7 +392,7 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
         EventRunner(writing, layouts, "cpu")
     with pytest.raises(ServeError, match="'nodes' is neither an input of EdgeClassifier"):
         EventRunner(writing, layouts, "cpu", {"edge_scores": "nodes"})
-    with pytest.raises(ServeError, match="--output-size is for a package built with"):
+    with pytest.raises(ServeError, match=r"output sizes \(--output-size\) are for a model that"):
         EventRunner(local, layouts, "cpu", {"edge_scores": "edge_features"})
     runner = EventRunner(writing, layouts, "cpu", {"edge_scores": "edge_features"})
     events = [_event(10 + k, 30 + 17 * k, k) for k in range(3)]
@@ -402,6 +402,49 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
         assert torch.equal(
             torch.from_numpy(answer["edge_scores"][0]), _expected(local, nodes, edges)
         )
+
+
+def test_output_sizes_agree_within_a_collection_and_are_counts_or_inputs() -> None:
+    from soagen.serving.events import OutputSizeError, output_sizes
+
+    inputs = [("momentum", "Tracks"), ("cov", "Tracks"), ("hits", "Hits")]
+    outputs = [("features", "TrackOut"), ("charge", "TrackOut")]
+    agreed = output_sizes("TrackNet", inputs, outputs, {"features": "momentum", "charge": "cov"})
+    assert agreed == {"features": {"input": "momentum"}, "charge": {"input": "cov"}}
+    counted = typing.cast(dict[str, str], {"features": 5, "charge": "5"})  # the Python API's
+    assert output_sizes("TrackNet", inputs, outputs, counted)["features"] == {"count": 5}
+    with pytest.raises(OutputSizeError, match="'features' and 'charge' share the TrackOut"):
+        output_sizes("TrackNet", inputs, outputs, {"features": "momentum", "charge": "hits"})
+    with pytest.raises(OutputSizeError, match="'features' and 'charge' share the TrackOut"):
+        output_sizes("TrackNet", inputs, outputs, {"features": "3", "charge": "4"})
+    with pytest.raises(OutputSizeError, match="nor a count >= 1"):
+        output_sizes("TrackNet", inputs, outputs, {"features": "0", "charge": "0"})
+
+
+def test_a_server_refuses_a_writing_model_whose_outputs_lie_over_its_inputs(
+    generated_from_text: Callable[[str], ModuleType],
+) -> None:
+    # The server loads inputs and outputs into one collection per layout: a package that stores
+    # into members it still reads would overwrite them.
+    from soagen.runtime.backends import Backend, Runner
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import EventRunner
+
+    module = generated_from_text(
+        "layout Hits {\n    column float32 x, y\n}\n\n"
+        "model Rescale {\n    input  xy = Hits{x, y} as [n, c]\n    output x  = Hits{x}\n}\n"
+    )
+
+    class Writing(Backend):
+        kind = "aot"
+        records_autograd = False
+        writes_outputs = True
+
+        def place(self, device: torch.device) -> Runner:
+            return lambda tensors: []
+
+    with pytest.raises(ServeError, match="output 'x' binds members of input 'xy'"):
+        EventRunner(module.Rescale(Writing("a writing double")), {"Hits": module.Hits}, "cpu")
 
 
 def test_client_follows_the_servers_axis_order_and_batch_axis() -> None:
@@ -526,7 +569,7 @@ def test_serve_usage_errors_exit_2() -> None:
     status, _, err = run_cli(*SERVE_GNN, "--grpc-port", "70000")
     assert status == 2 and "--grpc-port" in err
     status, _, err = run_cli(*SERVE_GNN, "--output-size", "edge_scores=edge_features")
-    assert status == 2 and "--output-size is for a package built with --write-outputs" in err
+    assert status == 2 and "output sizes (--output-size) are for a model that stores" in err
 
 
 # A real server.
