@@ -891,14 +891,16 @@ class ModelBinding:
         if versions and [view._version for view in views] != versions:
             self._check_versions(views, versions)
         if targets is not None:
-            for result_tensor, signature in zip(
-                results, _signatures(targets) if signatures is None else signatures, strict=True
-            ):
-                if (result_tensor.shape, result_tensor.dtype, result_tensor.device) != signature:
+            # One entry per output in each (`outputs_in_schema_order` checked the results'
+            # count), so positions pair them: zip's `strict=` alone costs a keyword parse.
+            expected = _signatures(targets) if signatures is None else signatures
+            for position, result_tensor in enumerate(results):
+                found = (result_tensor.shape, result_tensor.dtype, result_tensor.device)
+                if found != expected[position]:
                     _check_outputs(type(self), results, targets)  # raises, naming the output
             copy = _copy_values or _load_copy_values()
-            for target, result_tensor in zip(targets, results, strict=True):
-                copy(target, result_tensor)
+            for position, target in enumerate(targets):
+                copy(target, results[position])
         return results
 
     def _check_versions(self, views: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
