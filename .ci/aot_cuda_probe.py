@@ -10,7 +10,8 @@ brings the crash in:
 - `gnn-soa`: soagen's export (strided SoA views, its wrapper) compiled without soagen's metadata;
 - `gnn-soagen`: `soagen compile`'s package (metadata included), its own check skipped.
 
-The first variant whose load crashes has its package loaded again, alone, in fresh processes: with
+Variants share a budget of BUDGET_S. The first variant ended by a signal (SIGSEGV) has its package
+loaded again, alone, in fresh processes: with
 `AOT_INDUCTOR_WEIGHT_USE_CACHING_ALLOCATOR=1` (the constructor's weights through torch's caching
 allocator instead of its own cudaMalloc), and under gdb where the image has it (a native backtrace:
 the model's library, libtorch or libcuda).
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +37,8 @@ VARIANTS = ("linear", "gnn", "gnn-soa", "gnn-soagen")
 PER_VARIANT_S = 110
 # A load alone takes seconds; under gdb, more.
 FOLLOW_UP_S = 45
+# Within `.ci/gpu check tests`' `timeout 380`: later variants get what is left.
+BUDGET_S = 370
 
 
 def build(variant: str, package: Path) -> None:
@@ -92,47 +97,68 @@ def probe(variant: str, package: Path) -> None:
     print("loaded", flush=True)
 
 
-def run(label: str, command: list[str], timeout: int, env: dict[str, str] | None = None) -> int:
-    """Run one child, print its line (and its error's tail); its exit status, or -1 on timeout."""
+def run(
+    label: str, command: list[str], timeout: float, env: dict[str, str] | None = None
+) -> int | None:
+    """Run one child in a session of its own, print its line (and its error's tail); its exit
+    status (negative: the signal that ended it), or None when it overran and was killed."""
+    child = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        env=env,
+        start_new_session=True,  # gdb's debuggee too goes with the group
+    )
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, errors="replace", timeout=timeout, env=env
-        )
+        stdout, stderr = child.communicate(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
-        print(f"{label}: not done within {timeout} s", flush=True)
-        return -1
-    steps = " / ".join(done.stdout.split("\n")).strip(" /")
-    print(f"{label}: rc {done.returncode}: {steps[-2000:]}", flush=True)
-    if done.returncode != 0:
-        print(done.stderr.strip()[-3000:], flush=True)
-    return done.returncode
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        print(f"{label}: not done within {timeout:.0f} s", flush=True)
+        return None
+    steps = " / ".join(stdout.split("\n")).strip(" /")
+    print(f"{label}: rc {child.returncode}: {steps[-2000:]}", flush=True)
+    if child.returncode != 0:
+        print(stderr.strip()[-3000:], flush=True)
+    return child.returncode
 
 
-def follow_up(package: Path) -> None:
+def follow_up(package: Path, deadline: float) -> None:
     """Load a package that crashed again, alone: another allocator, and a native backtrace."""
     load = [sys.executable, "-X", "faulthandler", __file__, "load", str(package)]
     env = {**os.environ, "AOT_INDUCTOR_WEIGHT_USE_CACHING_ALLOCATOR": "1"}
-    run("  load alone, caching allocator", load, FOLLOW_UP_S, env)
+    run("  load alone, caching allocator", load, min(FOLLOW_UP_S, left(deadline)), env)
     gdb = shutil.which("gdb")
     if gdb is None:
         print("  gdb: not on this image", flush=True)
         return
     batch = [gdb, "-batch", "-ex", "run", "-ex", "bt 30", "--args", *load]
-    run("  load alone under gdb", batch, FOLLOW_UP_S)
+    run("  load alone under gdb", batch, min(FOLLOW_UP_S, left(deadline)))
+
+
+def left(deadline: float) -> float:
+    return deadline - time.monotonic()
 
 
 def main() -> int:
     if len(sys.argv) > 2:
         probe(sys.argv[1], Path(sys.argv[2]))
         return 0
+    deadline = time.monotonic() + BUDGET_S
     followed = False
     for variant in VARIANTS:
+        if left(deadline) < 30:
+            print(f"{variant}: not run, the probe's {BUDGET_S} s are spent", flush=True)
+            continue
         package = Path(tempfile.mkdtemp()) / f"{variant}.pt2"
         command = [sys.executable, "-X", "faulthandler", __file__, variant, str(package)]
-        status = run(variant, command, PER_VARIANT_S)
-        if status not in (0, -1) and package.is_file() and not followed:
-            followed = True  # the first crash names the cause; the budget allows one follow-up
-            follow_up(package)
+        status = run(variant, command, min(PER_VARIANT_S, left(deadline)))
+        crashed = status is not None and status < 0  # ended by a signal, SIGSEGV say
+        if crashed and package.is_file() and not followed:
+            followed = True  # the first crash names the cause
+            follow_up(package, deadline)
     return 0
 
 

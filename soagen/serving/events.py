@@ -100,7 +100,8 @@ def output_sizes(
         if first[1] != resolved:
             raise OutputSizeError(
                 f"--output-size: outputs {first[0]!r} and {name!r} share the {layout} collection "
-                f"of each event, so they need one element count; they were given two"
+                f"of each event, so they need one element count, and their sizes (given, or "
+                f"recorded in the model file) differ"
             )
     return sizes
 

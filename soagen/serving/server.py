@@ -344,7 +344,8 @@ def _output_sizes(
     inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
     outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
     input_layouts = dict(inputs)
-    given = {name: str(size) for name, size in given.items()}
+    # Counts as numbers ("05" is 5), input names as they are.
+    given = {name: _count_text(str(size)) for name, size in given.items()}
     fixed = {
         name: count
         for name, count in backend.output_counts.items()
@@ -368,6 +369,11 @@ def _output_sizes(
         return output_sizes(cls.NAME, inputs, outputs, {**fixed, **given})
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
+
+
+def _count_text(size: str) -> str:
+    """`size` with a count written as a plain number ("05" is "5"); input names as they are."""
+    return str(int(size)) if size.isascii() and size.isdigit() else size
 
 
 def _output_problem(

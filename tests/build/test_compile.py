@@ -560,6 +560,26 @@ def test_a_package_that_writes_outputs_checks_them_and_needs_them(
         )
 
 
+def test_a_package_records_its_output_counts_from_its_exported_geometry(gnn: ModuleType) -> None:
+    # What `soagen compile --write-outputs` records for the GNN (inputs of two layouts): each
+    # block's sizes in declared order, the element axis a symbol per layout, or a number where an
+    # output's count is fixed. A server sizes the output collections it allocates by it.
+    package = AotBackend.__new__(AotBackend)
+    package.binding, package.writes_outputs = gnn.EdgeClassifier, True
+    inputs = [{"sizes": ["s0", "4"]}, {"sizes": ["2", "s1"]}, {"sizes": ["s1", "2"]}]
+    package.metadata = {"input_geometry": [*inputs, {"sizes": ["s1"]}]}
+    assert package.output_counts == {"edge_scores": "edge_index"}
+    package.metadata = {"input_geometry": [*inputs, {"sizes": ["1"]}]}
+    assert package.output_counts == {"edge_scores": "1"}
+    package.metadata = {"input_geometry": [*inputs, {"sizes": ["s1 + 1"]}]}
+    assert package.output_counts == {}  # no input's count: nothing recorded
+    package.metadata = {"input_geometry": inputs}  # an older package, inputs only
+    assert package.output_counts == {}
+    package.writes_outputs = False
+    package.metadata = {"input_geometry": [*inputs, {"sizes": ["s1"]}]}
+    assert package.output_counts == {}
+
+
 def test_a_server_allocates_the_outputs_a_writing_package_stores_into(
     tracks: tuple[ModuleType, Path, Path],
 ) -> None:

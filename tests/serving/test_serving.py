@@ -395,6 +395,17 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
     with pytest.raises(ServeError, match=r"output sizes \(--output-size\) are for a model that"):
         EventRunner(local, layouts, "cpu", {"edge_scores": "edge_features"})
     runner = EventRunner(writing, layouts, "cpu", {"edge_scores": "edge_features"})
+
+    class Recording(Writing):
+        """Records its output's count, as a package built with --write-outputs does."""
+
+        output_counts = {"edge_scores": "edge_index"}
+
+    recording = EdgeClassifier(Recording("a recording double"))
+    EventRunner(recording, layouts, "cpu")  # nothing else needed: the model says
+    EventRunner(recording, layouts, "cpu", {"edge_scores": "edge_features"})  # the same layout
+    with pytest.raises(ServeError, match="exported with output 'edge_scores' of as many elements"):
+        EventRunner(recording, layouts, "cpu", {"edge_scores": "7"})
     events = [_event(10 + k, 30 + 17 * k, k) for k in range(3)]
     answers = runner([_wire_request(*event) for event in events])
     for (nodes, edges), answer in zip(events, answers, strict=True):
