@@ -132,6 +132,39 @@ class Event:
     sizes: dict[str, int]  # input layout name -> element count
 
 
+def recorded_sizes_problem(
+    sizes: Mapping[str, Mapping[str, object]],
+    recorded: Mapping[str, str],
+    inputs: Sequence[tuple[str, str]],
+) -> str | None:
+    """Why output sizes (as `output_sizes` gives them) contradict the element counts the model
+    file recorded for its outputs (`Backend.output_counts`: an input's name or a count), or
+    None. Such a model would refuse every event; its server should not start."""
+    layouts = dict(inputs)
+    for name, record in recorded.items():
+        size = sizes.get(name)
+        if size is None:
+            continue
+        got: object
+        want: object
+        if "count" in size:
+            got, got_text = size["count"], f"{size['count']} elements"
+        elif "input" in size:
+            got, got_text = layouts[str(size["input"])], f"as many elements as {size['input']!r}"
+        else:
+            got, got_text = size["layout"], f"as many elements as its {size['layout']} collection"
+        if record.isdigit():
+            want, want_text = int(record), f"{int(record)} elements"
+        else:
+            want, want_text = layouts.get(record), f"as many elements as {record!r}"
+        if got != want:
+            return (
+                f"output {name!r} would get {got_text} per event, and the model file was "
+                f"exported with {want_text}"
+            )
+    return None
+
+
 def writes_over_inputs(binding: type[ModelBinding]) -> str | None:
     """Why a package built with --write-outputs cannot be served with one collection per layout
     per event, inputs and outputs alike, or None: an output binding members of an input would

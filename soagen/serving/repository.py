@@ -43,7 +43,7 @@ from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
 from soagen.runtime.spec import declared_index_bounds
-from soagen.serving.events import writes_over_inputs
+from soagen.serving.events import recorded_sizes_problem, writes_over_inputs
 from soagen.serving.model_config import (
     RUNTIMES,
     ModelConfig,
@@ -195,7 +195,7 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
         version = staging / str(request.version)
         version.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="soagen-triton-") as workdir:
-            built = _build(request, runtime, names, Path(workdir), version, report)
+            built = _build(request, runtime, names, sizes, Path(workdir), version, report)
         config = build_config(
             schema,
             model.name,
@@ -336,11 +336,13 @@ def _build(
     request: Request,
     runtime: str,
     names: Mapping[str, str],
+    sizes: Mapping[str, Mapping[str, object]],
     workdir: Path,
     version: Path,
     report: Progress,
 ) -> _Built:
-    """The model file(s) in the version folder; needs torch."""
+    """The model file(s) in the version folder; needs torch. `sizes`: the Python backend's
+    output sizes, which a package that writes its outputs must have been exported with."""
     try:
         import torch  # noqa: F401  (imported here to say so where it is missing)
     except ModuleNotFoundError:
@@ -359,7 +361,10 @@ def _build(
             if runtime == ONNXRUNTIME:
                 return _from_onnx(request, binding, layouts, names, version, report)
             build = _from_package if request.factory is None else _from_factory
-            return build(request, runtime, binding, layouts, version, report)
+            built = build(request, runtime, binding, layouts, version, report)
+            if built.runtime == "aot" and built.model_file is not None and sizes:
+                _check_recorded_sizes(binding, version / built.model_file, sizes)
+            return built
     finally:
         forget_generated_modules(binding)
 
@@ -419,6 +424,19 @@ def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> No
     problem = writes_over_inputs(binding) if writes_outputs else None
     if problem is not None:
         raise TritonError(f"{problem}; use a package that returns its outputs", usage=True)
+
+
+def _check_recorded_sizes(
+    binding: type[ModelBinding], package: Path, sizes: Mapping[str, Mapping[str, object]]
+) -> None:
+    """model.py allocates the output collections a package that writes its outputs stores into:
+    with other counts than the package was exported with, it would refuse every event."""
+    from soagen.runtime.aot import AotBackend
+
+    inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
+    problem = recorded_sizes_problem(sizes, AotBackend(package, binding).output_counts, inputs)
+    if problem is not None:
+        raise TritonError(f"--output-size: {problem}", usage=True)
 
 
 def _check_reads_only(written: Sequence[str], source: str) -> None:

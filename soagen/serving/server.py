@@ -68,6 +68,7 @@ from soagen.serving.events import (
     EventLoader,
     OutputSizeError,
     output_sizes,
+    recorded_sizes_problem,
     writes_over_inputs,
 )
 from soagen.serving.wire import (
@@ -343,37 +344,21 @@ def _output_sizes(
             raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
     inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
     outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
-    input_layouts = dict(inputs)
-    # Counts as numbers ("05" is 5), input names as they are.
-    given = {name: _count_text(str(size)) for name, size in given.items()}
+    input_layouts = set(dict(inputs).values())
+    # A package's records size outputs of their own layout where nothing is given.
+    recorded = backend.output_counts
     fixed = {
-        name: count
-        for name, count in backend.output_counts.items()
-        if dict(outputs)[name] not in input_layouts.values()
+        name: count for name, count in recorded.items() if dict(outputs)[name] not in input_layouts
     }
-    for name, size in given.items():
-        count = fixed.get(name)
-        known = size.isdigit() or size in input_layouts  # what is neither: `output_sizes` says
-        if (
-            count is not None
-            and known
-            and input_layouts.get(count, count) != input_layouts.get(size, size)
-        ):
-            exported = f"{count} elements" if count.isdigit() else f"as many elements as {count!r}"
-            raise ServeError(
-                f"--output-size {name}={size}: {backend.description} was exported with output "
-                f"{name!r} of {exported}",
-                usage=True,
-            )
     try:
-        return output_sizes(cls.NAME, inputs, outputs, {**fixed, **given})
+        texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
+        sizes = output_sizes(cls.NAME, inputs, outputs, {**fixed, **texts})
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
-
-
-def _count_text(size: str) -> str:
-    """`size` with a count written as a plain number ("05" is "5"); input names as they are."""
-    return str(int(size)) if size.isascii() and size.isdigit() else size
+    problem = recorded_sizes_problem(sizes, recorded, inputs)
+    if problem is not None:
+        raise ServeError(f"{problem} ({backend.description})", usage=True)
+    return sizes
 
 
 def _output_problem(

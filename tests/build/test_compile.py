@@ -624,8 +624,10 @@ def test_a_server_allocates_the_outputs_a_writing_package_stores_into(
     # (another input of the same layout) is taken, one that differs is refused at start.
     assert served._backend.output_counts == {"features": "momentum", "charge": "momentum"}
     EventRunner(served, loaded.layouts, "cpu", {"charge": "cov"})
-    with pytest.raises(ServeError, match="exported with output 'charge' of as many elements as"):
+    with pytest.raises(ServeError, match="'charge' share the TrackOut collection"):
         EventRunner(served, loaded.layouts, "cpu", {"charge": "5"})
+    with pytest.raises(ServeError, match=r"'features' would get 5 elements per event, and the"):
+        EventRunner(served, loaded.layouts, "cpu", {"features": "5", "charge": "5"})
     with pytest.raises(ServeError, match=r"'nothing' is neither an input of TrackNet"):
         EventRunner(served, loaded.layouts, "cpu", {"charge": "nothing"})
     with pytest.raises(ServeError, match="no layout class for TrackOut"):

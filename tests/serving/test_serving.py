@@ -404,8 +404,10 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
     recording = EdgeClassifier(Recording("a recording double"))
     EventRunner(recording, layouts, "cpu")  # nothing else needed: the model says
     EventRunner(recording, layouts, "cpu", {"edge_scores": "edge_features"})  # the same layout
-    with pytest.raises(ServeError, match="exported with output 'edge_scores' of as many elements"):
+    with pytest.raises(ServeError, match="exported with as many elements as 'edge_index'"):
         EventRunner(recording, layouts, "cpu", {"edge_scores": "7"})
+    with pytest.raises(ServeError, match="exported with as many elements as 'edge_index'"):
+        EventRunner(recording, layouts, "cpu", {"edge_scores": "node_features"})
     events = [_event(10 + k, 30 + 17 * k, k) for k in range(3)]
     answers = runner([_wire_request(*event) for event in events])
     for (nodes, edges), answer in zip(events, answers, strict=True):

@@ -884,6 +884,15 @@ def test_a_package_that_writes_a_fixed_count_output_refuses_another_count(tmp_pa
     with pytest.raises(BindingError, match="size of output 'total' along axis n is 5"):
         package(hits, out=(hits, totals))
     assert not totals.total.any()
+    # The package recorded its count: a repository whose model.py would allocate another is
+    # refused when written, not at every request.
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Scaled", "--package", str(out / "Scaled" / "1" / "model.pt2"),
+        "--output-size", "total=points", "-o", str(tmp_path / "other"),
+    )  # fmt: skip
+    assert status == 2, stderr
+    assert "'total' would get as many elements as 'points' per event" in stderr
+    assert "exported with 1 elements" in stderr and not (tmp_path / "other" / "Scaled").exists()
 
 
 def test_a_writing_package_cannot_overwrite_its_inputs_in_the_python_backend(
