@@ -60,7 +60,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a TorchScript .pt or an AOTInductor .pt2 from `soagen compile`",
     )
-    add_output_size_argument(serve, when="a package built with --write-outputs: ")
+    add_output_size_argument(
+        serve, when="a model that stores into output blocks (--write-outputs package, ONNX): "
+    )
     serve.add_argument(
         "--device", default="cpu", help="cpu or cuda[:INDEX], where the model runs (default cpu)"
     )

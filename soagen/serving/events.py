@@ -38,6 +38,24 @@ class OutputSizeError(ValueError):
     """Nothing, or something wrong, says how many elements an output's collection gets."""
 
 
+def _count_or_layout(size: Mapping[str, object], layouts: Mapping[str, str]) -> int | str:
+    """What an output size (one of `output_sizes`' values) means: a count, or the layout whose
+    element count it takes. `layouts`: input name -> its layout."""
+    if "count" in size:
+        return int(typing.cast(int, size["count"]))
+    if "input" in size:
+        return layouts[str(size["input"])]
+    return str(size["layout"])
+
+
+def _described(size: Mapping[str, object]) -> str:
+    if "count" in size:
+        return f"{size['count']} elements"
+    if "input" in size:
+        return f"as many elements as {size['input']!r}"
+    return f"as many elements as its {size['layout']} collection"
+
+
 def output_sizes(
     model: str,
     inputs: Sequence[tuple[str, str]],
@@ -89,13 +107,9 @@ def output_sizes(
                 f"--output-size {name}={source}: {source!r} is neither an input of {model} "
                 f"({', '.join(input_layouts)}) nor a count >= 1"
             )
-    shared: dict[str, tuple[str, object]] = {}
+    shared: dict[str, tuple[str, int | str]] = {}
     for name, layout in outputs:
-        size = sizes[name]  # a count, or the layout whose element count it takes
-        if "count" in size:
-            resolved = size["count"]
-        else:
-            resolved = input_layouts[str(size["input"])] if "input" in size else layout
+        resolved = _count_or_layout(sizes[name], input_layouts)
         first = shared.setdefault(layout, (name, resolved))
         if first[1] != resolved:
             raise OutputSizeError(
@@ -143,24 +157,13 @@ def recorded_sizes_problem(
     layouts = dict(inputs)
     for name, record in recorded.items():
         size = sizes.get(name)
-        if size is None:
-            continue
-        got: object
-        want: object
-        if "count" in size:
-            got, got_text = size["count"], f"{size['count']} elements"
-        elif "input" in size:
-            got, got_text = layouts[str(size["input"])], f"as many elements as {size['input']!r}"
-        else:
-            got, got_text = size["layout"], f"as many elements as its {size['layout']} collection"
-        if record.isdigit():
-            want, want_text = int(record), f"{int(record)} elements"
-        else:
-            want, want_text = layouts.get(record), f"as many elements as {record!r}"
-        if got != want:
+        exported = {"count": int(record)} if record.isdigit() else {"input": record}
+        if size is not None and _count_or_layout(size, layouts) != _count_or_layout(
+            exported, layouts
+        ):
             return (
-                f"output {name!r} would get {got_text} per event, and the model file was "
-                f"exported with {want_text}"
+                f"output {name!r} would get {_described(size)} per event, and the model file "
+                f"was exported with {_described(exported)}"
             )
     return None
 
@@ -226,12 +229,8 @@ class EventLoader:
         `output_sizes` gives it."""
         counts = []
         for _, size in outputs:
-            if "count" in size:
-                counts.append(int(typing.cast(int, size["count"])))
-            elif "input" in size:
-                counts.append(event.sizes[self.layout_of[str(size["input"])]])
-            else:
-                counts.append(event.sizes[str(size["layout"])])
+            meaning = _count_or_layout(size, self.layout_of)
+            counts.append(meaning if isinstance(meaning, int) else event.sizes[meaning])
         layouts = dict(event.sizes)
         for (layout, _), n in zip(outputs, counts, strict=True):
             layouts.setdefault(layout, n)

@@ -347,8 +347,9 @@ def _output_sizes(
     input_layouts = set(dict(inputs).values())
     # A package's records size outputs of their own layout where nothing is given.
     recorded = backend.output_counts
+    output_layouts = dict(outputs)
     fixed = {
-        name: count for name, count in recorded.items() if dict(outputs)[name] not in input_layouts
+        name: count for name, count in recorded.items() if output_layouts[name] not in input_layouts
     }
     try:
         texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
