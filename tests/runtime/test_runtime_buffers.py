@@ -629,15 +629,19 @@ def test_contiguous_copy_equals_contiguous_and_owns_its_memory(
     "dtype",
     [torch.float32, torch.float64, torch.int8, torch.bool, torch.bfloat16, torch.complex64],
 )
-@pytest.mark.parametrize("columns", [1, 2, 9])
-@pytest.mark.parametrize("n", [3, 10_000])
+@pytest.mark.parametrize("columns", [1, 2, 4, 9])
+# 8193 rows: with 4096-byte chunks of 2-, 4- or 8-byte rows, a last chunk of one row.
+@pytest.mark.parametrize("n", [3, 8193, 10_000])
+@pytest.mark.parametrize("split", [True, False], ids=["split-rows", "strided"])
 def test_copy_values_writes_every_bit_into_column_views(
-    dtype: torch.dtype, columns: int, n: int, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, columns: int, n: int, split: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from soagen.runtime import buffers
 
-    # Small chunks, so that the chunked path runs at test sizes (rows 0..k, k.., a short tail).
+    # Small chunks, so that the chunked paths run at test sizes (rows 0..k, k.., a short tail),
+    # and rows split by integer conversions (rows of 2, 4 or 8 bytes) at any size, or never.
     monkeypatch.setattr(buffers, "_COPY_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(buffers, "_SPLIT_ROWS_MIN", 0 if split else sys.maxsize)
     pitch = n + 29
     source_bytes = torch.randint(0, 256, (n * columns * dtype.itemsize,), dtype=torch.uint8)
     if dtype == torch.bool:
@@ -647,7 +651,13 @@ def test_copy_values_writes_every_bit_into_column_views(
     storage = torch.zeros(columns * pitch + 7, dtype=dtype)
     target = storage[7:].as_strided((n, columns), (1, pitch))
     version = storage._version
+    splits: list[int] = []
+    split_rows = buffers._split_rows
+    monkeypatch.setattr(buffers, "_split_rows", lambda *args: (splits.append(1), split_rows(*args)))
     buffers.copy_values(target, source)
+    row_bytes = columns * dtype.itemsize
+    large = n * columns >= buffers._STRIDED_COPY_MIN  # below it, one copy_ of every value
+    assert splits == ([1] if split and large and columns > 1 and row_bytes in (2, 4, 8) else [])
     written = torch.empty(n, columns, dtype=dtype).copy_(target)  # same dtype: bits as they are
     assert torch.equal(written.view(torch.uint8), source.view(torch.uint8))
     assert storage._version > version  # the write is seen by autograd's counter
@@ -655,6 +665,33 @@ def test_copy_values_writes_every_bit_into_column_views(
     untouched = torch.ones(storage.shape, dtype=torch.bool)
     untouched[7:].as_strided((n, columns), (1, pitch)).fill_(False)
     assert not storage[untouched].any()
+
+
+def test_rows_are_split_by_conversions_only_where_they_keep_the_low_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from soagen.runtime import buffers
+
+    # ATen keeps the low bits when it narrows integers here; C++ leaves that to the build, so
+    # the splitting asks once per process, and copies value by value where the answer is no.
+    for row, wide in buffers._ROW.items():
+        for width, narrow in buffers._LANE.items():
+            if width < row:
+                assert buffers._conversion_truncates(wide, narrow), (wide, narrow)
+    source = torch.randn(100_000, 2)
+    target = torch.zeros(2, 100_001)[:, 1:].t()
+    assert buffers._splits_rows(target, source)
+    assert not buffers._splits_rows(target[:, :1], source[:, :1])  # one column: nothing to split
+    assert not buffers._splits_rows(target, source.t().contiguous().t())  # not row-major
+    assert not buffers._splits_rows(torch.zeros(100_000, 2), source)  # not columns
+    assert not buffers._splits_rows(target.double(), source.double())  # 16-byte rows
+    assert not buffers._splits_rows(target, source.requires_grad_())
+    monkeypatch.setitem(buffers._TRUNCATES, (8, 4), False)
+    calls: list[object] = []
+    monkeypatch.setattr(buffers, "_split_rows", lambda *args: calls.append(args))
+    buffers.copy_values(target, source.detach())
+    assert not calls
+    assert torch.equal(target, source)
 
 
 def test_copy_values_keeps_copy_semantics_for_other_pairs() -> None:
