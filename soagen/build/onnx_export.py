@@ -24,6 +24,7 @@ import typing
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,16 +88,18 @@ def export_onnx(
             inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill)
             results, _ = check_eager(binding, reference, inputs)
             check_finite(binding, results, sizes, fill)
+            trials = eager_trials(binding, layouts, reference, sizes, bounds, fill)
+            counts = measured_output_counts(binding, trials)
             report(f"exporting {model_name} with torch.onnx.export (opset {OPSET})")
             declared = _export(binding, reference, inputs, Path(workdir) / "declared.onnx")
-            adapted = _with_storage_inputs(binding, declared)
+            adapted = _with_storage_inputs(binding, declared, counts)
             target.parent.mkdir(parents=True, exist_ok=True)
             # Written beside the target and moved into place once checked: no unchecked file.
             staging = target.with_name(f".{target.stem}.{uuid.uuid4().hex[:8]}.onnx")
             try:
                 staging.write_bytes(adapted)
                 report("checking the ONNX file against the eager model")
-                verify(binding, layouts, reference, staging, sizes, bounds, fill)
+                verify(binding, layouts, staging, trials, counts, fill)
                 os.replace(staging, target)
             finally:
                 staging.unlink(missing_ok=True)
@@ -145,9 +148,12 @@ def _export(
     return onnx.load(str(path))
 
 
-def _with_storage_inputs(binding: type[ModelBinding], model: typing.Any) -> bytes:
-    """The exported model with the runtime's storage inputs and soagen's metadata."""
-    from soagen.runtime.onnx import storage_metadata
+def _with_storage_inputs(
+    binding: type[ModelBinding], model: typing.Any, output_counts: Mapping[str, str]
+) -> bytes:
+    """The exported model with the runtime's storage inputs and soagen's metadata, which records
+    `output_counts` (see `measured_output_counts`)."""
+    from soagen.runtime.onnx import OUTPUT_COUNTS_KEY, storage_metadata
     from soagen.runtime.onnx_graph import (
         METADATA_KEY,
         _ports,
@@ -169,37 +175,96 @@ def _with_storage_inputs(binding: type[ModelBinding], model: typing.Any) -> byte
     adapted = adapt(model, binding, inputs, outputs, storages, "staged")
     entry = adapted.metadata_props.add()
     entry.key = METADATA_KEY
-    entry.value = json.dumps(storage_metadata(binding))
+    entry.value = json.dumps({**storage_metadata(binding), OUTPUT_COUNTS_KEY: dict(output_counts)})
     return typing.cast(bytes, adapted.SerializeToString())
 
 
-def verify(
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """The eager model run on real collections of one set of element counts."""
+
+    sizes: dict[str, int]  # input layout -> element count
+    inputs: list[torch.Tensor]
+    expected: tuple[torch.Tensor, ...]
+
+
+def eager_trials(
     binding: type[ModelBinding],
     layouts: Mapping[str, type[Collection]],
     model: SchemaOrder,
-    path: Path,
     example: Mapping[str, int],
     bounds: Mapping[str, str],
     fill: ExampleFill | None,
-) -> None:
-    """Load the file as users will and compare it with the eager model on real collections at
-    several element counts, different per layout; CommandError naming the first disagreement."""
-    from soagen.runtime.onnx import OnnxBackend
-
+) -> list[Trial]:
+    """The eager model at several element counts, different per layout (`trial_sizes`), each on
+    inputs of its own seed; counts the model itself refuses (n = 1, say) are left out."""
     device = torch.device("cpu")
-    runner = OnnxBackend(path, binding).on(device)
+    trials = []
     for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
         inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
         try:
             expected, _ = run_on_copies(model, inputs)
         except Exception:
-            continue  # the eager model itself does not take these sizes (n = 1, say)
-        actual = example_outputs(binding, layouts, expected, device)
+            continue
+        trials.append(Trial(sizes, inputs, expected))
+    return trials
+
+
+def measured_output_counts(binding: type[ModelBinding], trials: Sequence[Trial]) -> dict[str, str]:
+    """Each output's element count as the eager model gave it at every trial: as many as an
+    input's collection (the first such input in schema order), or one count at all of them.
+    What a server that allocates the output collections sizes them by (`OnnxBackend.output_counts`);
+    outputs that follow neither are left out, and one trial tells a count from neither."""
+    counts: dict[str, str] = {}
+    if len(trials) < 2:
+        return counts
+    for position, spec in enumerate(binding.OUTPUTS):
+        if "n" not in spec.block.axes:
+            continue
+        axis = spec.block.axes.index("n")
+        found = [trial.expected[position].shape[axis] for trial in trials]
+        follows = [
+            source.name
+            for source in binding.INPUTS
+            if [trial.sizes[source.block.layout] for trial in trials] == found
+        ]
+        if follows:
+            counts[spec.name] = follows[0]
+        elif len(set(found)) == 1:
+            counts[spec.name] = str(found[0])
+    return counts
+
+
+def verify(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    path: Path,
+    trials: Sequence[Trial],
+    output_counts: Mapping[str, str],
+    fill: ExampleFill | None,
+) -> None:
+    """Load the file as users will and compare it with the eager model's `trials` on the same
+    collections; its recorded output counts must read back as `output_counts`. CommandError
+    naming the first disagreement."""
+    from soagen.runtime.onnx import OnnxBackend
+
+    device = torch.device("cpu")
+    backend = OnnxBackend(path, binding)
+    if backend.output_counts != output_counts:
+        raise CompileError(
+            f"the ONNX file {path.name} reads back output counts {backend.output_counts}, "
+            f"written as {dict(output_counts)}"
+        )
+    runner = backend.on(device)
+    for trial in trials:
+        actual = example_outputs(binding, layouts, trial.expected, device)
         for view in actual:
             view.fill_(-7)  # so that an output the file does not write shows
         with torch.inference_mode():
-            runner([*inputs, *actual])
-        check_agreement(binding, f"the ONNX file {path.name}", actual, expected, sizes, fill)
+            runner([*trial.inputs, *actual])
+        check_agreement(
+            binding, f"the ONNX file {path.name}", actual, trial.expected, trial.sizes, fill
+        )
 
 
-__all__ = ["OPSET", "export_onnx", "verify"]
+__all__ = ["OPSET", "Trial", "eager_trials", "export_onnx", "measured_output_counts", "verify"]

@@ -58,7 +58,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         "--model-file",
         type=path_argument,
         metavar="FILE",
-        help="a TorchScript .pt or an AOTInductor .pt2 from `soagen compile`",
+        help="a TorchScript .pt or an AOTInductor .pt2 from `soagen compile`, or an ONNX .onnx",
     )
     add_output_size_argument(
         serve, when="a model that stores into output blocks (--write-outputs package, ONNX): "

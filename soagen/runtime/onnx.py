@@ -57,6 +57,7 @@ from soagen.runtime.onnx_graph import (
     _ports,
     adapt,
     block_storage,
+    counts_from_symbols,
     match_ports,
     range_inputs,
     row_outputs,
@@ -106,6 +107,37 @@ def storage_metadata(binding: type[ModelBinding]) -> dict[str, object]:
             spec.name: list(range_inputs(block_storage(spec))) for spec in binding.INPUTS
         },
     }
+
+
+# The metadata entry of a `soagen compile` file naming each output's element count where the
+# eager model showed one: an input's name (as many as its collection) or a count, as text.
+OUTPUT_COUNTS_KEY = "output_counts"
+
+
+def recorded_output_counts(
+    exported: Mapping[str, object], binding: type[ModelBinding], source: str
+) -> dict[str, str]:
+    """The output counts a `soagen compile` file records (`OUTPUT_COUNTS_KEY`); ModelLoadError
+    where an entry names no output, or neither an input nor a count >= 1."""
+    recorded = exported.get(OUTPUT_COUNTS_KEY, {})
+    outputs = [spec.name for spec in binding.OUTPUTS]
+    inputs = [spec.name for spec in binding.INPUTS]
+    what = f"{source}: its {METADATA_KEY!r} metadata's {OUTPUT_COUNTS_KEY!r}"
+    if not isinstance(recorded, dict):
+        raise ModelLoadError(f"{what} is not a mapping")
+    for name, count in recorded.items():
+        if name not in outputs:
+            raise ModelLoadError(
+                f"{what} names {name!r}, no output of {binding.NAME} ({', '.join(outputs)})"
+            )
+        if not isinstance(count, str) or not (
+            count in inputs or (count.isascii() and count.isdigit() and int(count) >= 1)
+        ):
+            raise ModelLoadError(
+                f"{what} gives output {name!r} {count!r}, neither an input of {binding.NAME} "
+                f"({', '.join(inputs)}) nor a count >= 1"
+            )
+    return dict(recorded)
 
 
 def exported_metadata(
@@ -209,10 +241,12 @@ class OnnxBackend(Backend):
         storages = {spec.name: block_storage(spec) for spec in (*binding.INPUTS, *binding.OUTPUTS)}
         # A `soagen compile` file takes the storage already and was checked against the eager
         # model when it was written: there is no original to adapt or to compare with.
-        self.storage_inputs = exported_metadata(model, binding, str(path)) is not None
+        exported = exported_metadata(model, binding, str(path))
+        self.storage_inputs = exported is not None
         input_ports: list[_Port] | None = None
-        if self.storage_inputs:
+        if exported is not None:
             self._output_ports = storage_file_outputs(str(path), binding, model, storages)
+            self._output_counts = recorded_output_counts(exported, binding, str(path))
         else:
             input_ports, self._output_ports = match_ports(
                 str(path),
@@ -220,6 +254,9 @@ class OnnxBackend(Backend):
                 _ports(model.graph.input, initializers),
                 _ports(model.graph.output),
                 storages,
+            )
+            self._output_counts = counts_from_symbols(
+                binding, input_ports, self._output_ports, storages
             )
         self._input_ports = input_ports or []
         self._input_storages = [storages[spec.name] for spec in binding.INPUTS]
@@ -246,6 +283,13 @@ class OnnxBackend(Backend):
         # (device, which inputs are bound from before their first element) already compared with
         # the original model.
         self._checked: set[tuple[str, tuple[bool, ...]]] = set()
+
+    @property
+    def output_counts(self) -> Mapping[str, str]:
+        """Outputs whose element count the file states: in a file `soagen compile` wrote, what
+        the eager model gave at each of its checks (`OUTPUT_COUNTS_KEY`); in any other, an
+        output's element axis named by the symbol of an input's (`counts_from_symbols`)."""
+        return dict(self._output_counts)
 
     def place(self, device: torch.device) -> Runner:
         import numpy

@@ -273,6 +273,37 @@ def _misfit(spec: BindingSpec, port: _Port, storage: BlockStorage) -> str | None
     return None
 
 
+def _element_dim(port: _Port, storage: BlockStorage) -> int | str | None:
+    """The port's dimension on the block's element axis (declared order), None where unknown."""
+    if port.dims is None or storage.element_axis is None or len(port.dims) != len(storage.axes):
+        return None
+    return port.dims[storage.element_axis]
+
+
+def counts_from_symbols(
+    binding: type[ModelBinding],
+    inputs: Sequence[_Port],
+    outputs: Sequence[_Port],
+    storages: Mapping[str, BlockStorage],
+) -> dict[str, str]:
+    """Outputs whose element axis the file names by the symbol of inputs' element axes (an
+    exporter's dynamic axes: one name, one count), each with the first such input in schema order;
+    `inputs` and `outputs` as `match_ports` orders them. A symbol that inputs of two layouts share
+    says nothing about which one an output follows."""
+    named: dict[str, list[BindingSpec]] = {}
+    for spec, port in zip(binding.INPUTS, inputs, strict=True):
+        dim = _element_dim(port, storages[spec.name])
+        if isinstance(dim, str) and dim:
+            named.setdefault(dim, []).append(spec)
+    counts: dict[str, str] = {}
+    for spec, port in zip(binding.OUTPUTS, outputs, strict=True):
+        dim = _element_dim(port, storages[spec.name])
+        specs = named.get(dim, []) if isinstance(dim, str) else []
+        if specs and len({named.block.layout for named in specs}) == 1:
+            counts[spec.name] = specs[0].name
+    return counts
+
+
 # --- adaptation --------------------------------------------------------------------------------
 
 

@@ -173,7 +173,8 @@ def build_binding(
     index_bounds: Mapping[str, str] | None = None,
 ) -> ModelBinding:
     """An instance of the binding over the model: built by `factory` ("file.py:function", an
-    nn.Module), or loaded from `model_file` (TorchScript `.pt`, AOTInductor `.pt2`)."""
+    nn.Module), or loaded from `model_file` (TorchScript `.pt`, AOTInductor `.pt2`, ONNX
+    `.onnx`)."""
     if (factory is None) == (model_file is None):
         raise ServeError("give the model either as a factory or as a model file", usage=True)
     from soagen.build.model import build_model, resolve_index_bounds, torch_device
@@ -481,14 +482,16 @@ def serve(
     """Start a Triton server for binding `model_name` of `source` and return once it serves.
 
     `source`: a `.soa` schema, a generated module file or an importable module. The model: built by
-    `factory` ("file.py:function", returning an nn.Module), loaded from `model_file` (`.pt`, `.pt2`),
-    or given as `binding` (an instance of the binding class, for tests and notebooks). The model is
-    served under `triton_model_name` (default: the binding's name) on `host` (loopback by default)
-    at `grpc_port` and `http_port` (metrics only with `metrics_port`). `access_token` guards the
-    shared-memory and statistics APIs (default: a random one, `Server.access_token`). A package
-    built with --write-outputs stores into output collections the server allocates per event:
+    `factory` ("file.py:function", returning an nn.Module), loaded from `model_file` (`.pt`,
+    `.pt2`, `.onnx`), or given as `binding` (an instance of the binding class, for tests and
+    notebooks). The model is served under `triton_model_name` (default: the binding's name) on
+    `host` (loopback by default) at `grpc_port` and `http_port` (metrics only with
+    `metrics_port`). `access_token` guards the shared-memory and statistics APIs (default: a
+    random one, `Server.access_token`). A package built with --write-outputs, or an ONNX model,
+    stores into output collections the server allocates per event:
     `output_sizes` (output -> input name or count, `--output-size`) says how many elements each
-    gets where its layout is its own and the inputs have several (`events.output_sizes`).
+    gets where its layout is its own, before what the model file records and the one input
+    layout (`events.output_sizes`).
 
     What cannot work raises a `soagen.build.errors.CommandError`: a `ServeError`, or one of the
     `soagen.build.model` helpers it shares with `soagen compile` (a factory that fails, say).

@@ -26,7 +26,7 @@ from soagen.runtime import (  # noqa: E402
     IndexRangeError,
     ModelLoadError,
 )
-from tests.helpers import generate_package, import_generated  # noqa: E402
+from tests.helpers import REPO, generate_package, import_generated  # noqa: E402
 
 # Every kind of block the adaptation handles: columns in the declared order [c, n], an array
 # column (coefficient-major rows), a packed array column, a scalar, outputs of one and of two rows.
@@ -311,12 +311,39 @@ def test_the_readme_gnn_equals_ort_and_eager(
         edges.src[0] = bad
 
 
+def _renamed_output_axis(path: Path, target: Path) -> Path:
+    """The file with its first output's first dimension named by a symbol no input has."""
+    import onnx
+
+    model = onnx.load(str(path))
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "scores_of_its_own"
+    onnx.save(model, str(target))
+    return target
+
+
+@pytest.fixture(scope="session")
+def compiled_gnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example GNN exported by `soagen compile -o gnn.onnx`, once per session."""
+    from soagen.build.onnx_export import export_onnx
+
+    examples = REPO / "examples" / "gnn_model.py"
+    return export_onnx(
+        REPO / "schemas" / "gnn.soa",
+        "EdgeClassifier",
+        f"{examples}:build_model",
+        output=tmp_path_factory.mktemp("onnx_gnn") / "gnn.onnx",
+        examples=f"{examples}:fill_examples",
+    )
+
+
 def test_an_onnx_model_is_served_into_output_collections_the_server_allocates(
-    files: dict[str, Path],
+    files: dict[str, Path], compiled_gnn: Path, tmp_path: Path
 ) -> None:
     """`soagen serve --model-file gnn.onnx`'s function for each event, in this process: ONNX
-    Runtime writes into output blocks, so the server allocates EdgeScores per event, sized as
-    `--output-size` says (nothing in the file does), and answers what a local call writes."""
+    Runtime writes into output blocks, so the server allocates EdgeScores per event, as many as
+    the file's symbols say (edge_scores' axis is named as edge_index's), or `--output-size`
+    where they say nothing; a file `soagen compile` wrote records what the eager model gave.
+    Each answers what a local call writes."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.gnn_model import fill_examples
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
@@ -325,24 +352,41 @@ def test_an_onnx_model_is_served_into_output_collections_the_server_allocates(
     from soagen.serving.wire import ERROR_OUTPUT, wire_tensor
 
     served = EdgeClassifier.load(files["gnn"])
+    assert served._backend.output_counts == {"edge_scores": "edge_index"}
     layouts = {"Nodes": Nodes, "Edges": Edges, "EdgeScores": EdgeScores}
+    with pytest.raises(
+        ServeError,
+        match=r"output 'edge_scores' would get as many elements as 'node_features' per event, "
+        r"and the model file was exported with as many elements as 'edge_index' \(",
+    ):
+        EventRunner(served, layouts, "cpu", {"edge_scores": "node_features"})
+    # Another input of the same collection is the same count.
+    EventRunner(served, layouts, "cpu", {"edge_scores": "edge_features"})
+    unnamed = EdgeClassifier.load(_renamed_output_axis(files["gnn"], tmp_path / "own.onnx"))
+    assert unnamed._backend.output_counts == {}
     with pytest.raises(ServeError, match="give --output-size edge_scores=INPUT"):
-        EventRunner(served, layouts, "cpu")
-    runner = EventRunner(served, layouts, "cpu", {"edge_scores": "edge_index"})
-    local = EdgeClassifier.load(files["gnn"])
-    for nodes_n, edges_n in ((1, 1), (100, 700)):
-        nodes, edges = Nodes.allocate(nodes_n), Edges.allocate(edges_n)
-        fill_examples({"Nodes": nodes, "Edges": edges})
-        data = {}
-        for spec, collection in zip(served.INPUTS, (nodes, edges, edges), strict=True):
-            wire = wire_tensor(spec)
-            data[wire.name] = collection.block(spec.block).permute(wire.order).contiguous()
-            data[wire.name] = data[wire.name].numpy()[None]
-        (answer,) = runner([type("Request", (), {"data": data})()])
-        assert answer[ERROR_OUTPUT].tolist() == [[b""]]
-        want = EdgeScores.allocate(edges_n, zero=True)
-        local(nodes, edges, out=want)
-        assert torch.equal(torch.from_numpy(answer["edge_scores"][0]), want.score)
+        EventRunner(unnamed, layouts, "cpu")
+    EventRunner(unnamed, layouts, "cpu", {"edge_scores": "edge_index"})
+    compiled = EdgeClassifier.load(compiled_gnn)
+    assert compiled._backend.output_counts == {"edge_scores": "edge_index"}
+    for path, runner in (
+        (files["gnn"], EventRunner(served, layouts, "cpu")),
+        (compiled_gnn, EventRunner(compiled, layouts, "cpu")),
+    ):
+        local = EdgeClassifier.load(path)
+        for nodes_n, edges_n in ((1, 1), (100, 700)):
+            nodes, edges = Nodes.allocate(nodes_n), Edges.allocate(edges_n)
+            fill_examples({"Nodes": nodes, "Edges": edges})
+            data = {}
+            for spec, collection in zip(served.INPUTS, (nodes, edges, edges), strict=True):
+                wire = wire_tensor(spec)
+                data[wire.name] = collection.block(spec.block).permute(wire.order).contiguous()
+                data[wire.name] = data[wire.name].numpy()[None]
+            (answer,) = runner([type("Request", (), {"data": data})()])
+            assert answer[ERROR_OUTPUT].tolist() == [[b""]]
+            want = EdgeScores.allocate(edges_n, zero=True)
+            local(nodes, edges, out=want)
+            assert torch.equal(torch.from_numpy(answer["edge_scores"][0]), want.score)
 
 
 def test_calls_on_the_same_blocks_reuse_their_binding(
@@ -632,6 +676,8 @@ def test_a_compiled_file_takes_the_storage_and_equals_eager(
     for mode in soagen_onnx.OUTPUT_MODES:
         model = module.ArrayNet.load(compiled["array"], backend_options={"outputs": mode})
         assert model._backend.storage_inputs and model._backend._original is None
+        # Measured on the eager model at export: Out gets as many elements as Hits.
+        assert model._backend.output_counts == {"score": "points", "pair": "points"}
         for n in (0, 1, 5, 130):
             hits = _hits(module, n, seed=n)
             out = module.Out.allocate(n, zero=True)
@@ -655,6 +701,59 @@ def test_a_compiled_file_takes_the_storage_and_equals_eager(
         torch.testing.assert_close(out.score[150:], score, rtol=1e-5, atol=1e-4)
 
 
+def test_output_counts_are_what_the_eager_model_gave_at_every_trial(
+    modules: dict[int, ModuleType],
+) -> None:
+    from soagen.build.onnx_export import Trial, measured_output_counts
+
+    binding = modules[32].ArrayNet
+
+    def trials(*rows: tuple[int, int, int]) -> list[Trial]:
+        # (Hits' count, score's count, pair's count) per trial.
+        return [
+            Trial({"Hits": hits}, [], (torch.empty(score), torch.empty(pair, 2)))
+            for hits, score, pair in rows
+        ]
+
+    assert measured_output_counts(binding, trials((7, 7, 4), (12, 12, 4))) == {
+        "score": "points",  # the first input of Hits
+        "pair": "4",  # one count at every trial
+    }
+    # A count that follows nothing (2n), and a single trial, which cannot tell.
+    assert measured_output_counts(binding, trials((7, 14, 7), (12, 24, 12))) == {"pair": "points"}
+    assert measured_output_counts(binding, trials((7, 7, 7))) == {}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "message"),
+    [
+        ({"scores": "points"}, r"names 'scores', no output of ArrayNet \(score, pair\)"),
+        ({"score": "0"}, r"gives output 'score' '0', neither an input of ArrayNet \(points, "),
+        ({"score": 5}, r"gives output 'score' 5, neither"),
+        (["score"], r"is not a mapping"),
+    ],
+)
+def test_a_compiled_file_with_unreadable_output_counts_is_refused(
+    modules: dict[int, ModuleType],
+    compiled: dict[str, Path],
+    tmp_path: Path,
+    recorded: object,
+    message: str,
+) -> None:
+    import json
+
+    import onnx
+
+    model = onnx.load(str(compiled["array"]))
+    (entry,) = [p for p in model.metadata_props if p.key == soagen_onnx.METADATA_KEY]
+    entry.value = json.dumps({**json.loads(entry.value), "output_counts": recorded})
+    onnx.save(model, str(tmp_path / "edited.onnx"))
+    with pytest.raises(
+        ModelLoadError, match=rf"edited\.onnx: its 'soagen' metadata's 'output_counts' {message}"
+    ):
+        modules[32].ArrayNet.load(tmp_path / "edited.onnx")
+
+
 def test_a_compiled_file_refuses_another_binding(
     modules: dict[int, ModuleType], compiled: dict[str, Path]
 ) -> None:
@@ -674,3 +773,25 @@ def test_an_export_that_disagrees_with_eager_writes_nothing(compiled: dict[str, 
         )
     assert not target.exists()
     assert not list(folder.glob(".wrong.*"))
+
+
+def test_an_export_whose_output_counts_read_back_otherwise_writes_nothing(
+    compiled: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soagen.build.errors import CommandError
+    from soagen.build.onnx_export import export_onnx
+
+    # A reader that loses a count: the file would size a server's outputs otherwise.
+    monkeypatch.setattr(soagen_onnx, "recorded_output_counts", lambda exported, binding, source: {})
+    folder = compiled["folder"]
+    target = folder / "lost.onnx"
+    with pytest.raises(
+        CommandError,
+        match=r"lost\.[0-9a-f]+\.onnx reads back output counts \{\}, written as "
+        r"\{'score': 'points', 'pair': 'points'\}",
+    ):
+        export_onnx(
+            folder / "hits.soa", "ArrayNet", f"{folder / 'factory.py'}:build", output=target
+        )
+    assert not target.exists()
+    assert not list(folder.glob(".lost.*"))
