@@ -209,51 +209,71 @@ _STRIDED_COPY_MIN = 8192
 _COPY_CHUNK_BYTES = 4 << 20
 
 
-# Integer types by width in bytes: a value's bits (`_LANE`), and a whole narrow row's (`_ROW`).
-_LANE: dict[int, torch.dtype] = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-_ROW: dict[int, torch.dtype] = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+# The integer type of each width in bytes: a value's bits, or a whole narrow row's.
+_INTEGER_OF_WIDTH: dict[int, torch.dtype] = {
+    1: torch.uint8,
+    2: torch.int16,
+    4: torch.int32,
+    8: torch.int64,
+}
 # Below this many values the splitting's dozen torch calls cost more than it saves: float32 pairs
 # into two columns take the same time either way at 65536 values, 1.1x less at 131072, 1.3x less
 # at 2e5 and 1.6x less at 2e6.
 _SPLIT_ROWS_MIN = 1 << 17
-# Whether converting `_ROW` integers to `_LANE` ones keeps the low bits, per (row, lane) width:
-# checked once per process on this build of ATen before `_split_rows` relies on it.
+# Whether converting integers of the row's width to the value's keeps the low bits, per (row,
+# value) width: checked once per process on this build of ATen before `_split_rows` relies on it.
 _TRUNCATES: dict[tuple[int, int], bool] = {}
 
 
 def _splits_rows(target: torch.Tensor, source: torch.Tensor) -> bool:
-    """Whether `_split_rows` can copy `source` (row-major [n, c]) into `target`'s columns."""
+    """Whether `_split_rows` can copy `source` (row-major [n, c]) into `target`'s columns as
+    `target.copy_(source)` would: plain tensors (not traced, not a subclass such as a fake
+    tensor), columns apart from each other and from the source, and values whose copy is their
+    bits (a bool's copy makes any nonzero byte 1)."""
     if (
         target.numel() < _SPLIT_ROWS_MIN
         or target.dim() != 2
         or target.stride(0) != 1
+        or target.stride(1) < target.size(0)
         or not source.is_contiguous()
+        or type(source) is not torch.Tensor
+        or type(target) is not torch.Tensor
+        or source.dtype == torch.bool
+        or source.requires_grad
+        or target.requires_grad
+        or source.is_neg()
+        or sys.byteorder != "little"
     ):
         return False
     width = source.element_size()
     row = width * source.size(1)
-    if (
-        row not in _ROW
-        or width == row
-        or source.requires_grad
-        or target.requires_grad
-        or sys.byteorder != "little"
-    ):
+    if row not in _INTEGER_OF_WIDTH or width == row or torch.compiler.is_compiling():
         return False
+    start, end = target.data_ptr(), target.data_ptr() + target.stride(1) * target.size(1) * width
+    if start < source.data_ptr() + source.nbytes and source.data_ptr() < end:
+        return False  # copy_ refuses overlapping memory; leave it to say so
     truncates = _TRUNCATES.get((row, width))
     if truncates is None:
-        truncates = _TRUNCATES[(row, width)] = _conversion_truncates(_ROW[row], _LANE[width])
+        truncates = _TRUNCATES[(row, width)] = _conversion_truncates(
+            _INTEGER_OF_WIDTH[row], _INTEGER_OF_WIDTH[width]
+        )
     return truncates
 
 
 def _conversion_truncates(wide: torch.dtype, narrow: torch.dtype) -> bool:
     """Whether ATen's conversion from `wide` to `narrow` integers keeps the low bits, on the
-    vectorized path and its scalar tail alike (C++ leaves narrowing to the implementation)."""
-    generator = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, 256, (1027 * wide.itemsize,), dtype=torch.uint8, generator=generator)
-    values = rows.view(wide)
-    low = values.view(narrow).view(values.numel(), -1)[:, 0]  # little-endian: the first lane
-    return torch.equal(values.to(narrow), low)
+    vectorized path and its scalar tail alike (C++ leaves narrowing to the implementation); False
+    where the check itself cannot run (a default device or mode that is not plain CPU memory)."""
+    try:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+        rows = torch.randint(
+            0, 256, (1027 * wide.itemsize,), dtype=torch.uint8, generator=generator, device="cpu"
+        )
+        values = rows.view(wide)
+        low = values.view(narrow).view(values.numel(), -1)[:, 0]  # little-endian: the first lane
+        return torch.equal(values.to(narrow), low)
+    except Exception:
+        return False
 
 
 def _split_rows(target: torch.Tensor, source: torch.Tensor) -> None:
@@ -264,10 +284,11 @@ def _split_rows(target: torch.Tensor, source: torch.Tensor) -> None:
     rows, columns = source.shape
     width = source.element_size()
     row_bytes = width * columns
-    whole = _ROW[row_bytes]
+    whole = _INTEGER_OF_WIDTH[row_bytes]
+    lane = _INTEGER_OF_WIDTH[width]
     # NumPy's buffer lets frombuffer start at any byte; Tensor.view needs the row type's alignment.
-    host = source.view(_LANE[width]).numpy()
-    written = target.view(_LANE[width]).unbind(1)
+    host = source.view(lane).numpy()
+    written = target.view(lane).unbind(1)
     step = _COPY_CHUNK_BYTES // row_bytes
     for start in range(0, rows, step):
         count = min(step, rows - start)
@@ -284,7 +305,7 @@ def _split_rows(target: torch.Tensor, source: torch.Tensor) -> None:
             )
             written[column][start : start + inside].copy_(shifted)
     # Through NumPy, the same memory: a few values, where torch's indexing costs microseconds.
-    target.view(_LANE[width]).numpy()[rows - 1, 1:] = host[rows - 1, 1:]
+    target.view(lane).numpy()[rows - 1, 1:] = host[rows - 1, 1:]
 
 
 def same_width_integer(tensor: torch.Tensor) -> torch.Tensor:
@@ -292,7 +313,7 @@ def same_width_integer(tensor: torch.Tensor) -> torch.Tensor:
     bools): values compare equal where their bits do, NaN included."""
     if not tensor.dtype.is_floating_point:
         return tensor
-    return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
+    return tensor.view(_INTEGER_OF_WIDTH[tensor.element_size()])
 
 
 def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:

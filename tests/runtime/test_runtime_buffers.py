@@ -657,7 +657,8 @@ def test_copy_values_writes_every_bit_into_column_views(
     buffers.copy_values(target, source)
     row_bytes = columns * dtype.itemsize
     large = n * columns >= buffers._STRIDED_COPY_MIN  # below it, one copy_ of every value
-    assert splits == ([1] if split and large and columns > 1 and row_bytes in (2, 4, 8) else [])
+    splits_these = columns > 1 and row_bytes in (2, 4, 8) and dtype != torch.bool
+    assert splits == ([1] if split and large and splits_these else [])
     written = torch.empty(n, columns, dtype=dtype).copy_(target)  # same dtype: bits as they are
     assert torch.equal(written.view(torch.uint8), source.view(torch.uint8))
     assert storage._version > version  # the write is seen by autograd's counter
@@ -674,10 +675,11 @@ def test_rows_are_split_by_conversions_only_where_they_keep_the_low_bits(
 
     # ATen keeps the low bits when it narrows integers here; C++ leaves that to the build, so
     # the splitting asks once per process, and copies value by value where the answer is no.
-    for row, wide in buffers._ROW.items():
-        for width, narrow in buffers._LANE.items():
+    widths = buffers._INTEGER_OF_WIDTH
+    for row in (2, 4, 8):
+        for width in (1, 2, 4):
             if width < row:
-                assert buffers._conversion_truncates(wide, narrow), (wide, narrow)
+                assert buffers._conversion_truncates(widths[row], widths[width]), (row, width)
     source = torch.randn(100_000, 2)
     target = torch.zeros(2, 100_001)[:, 1:].t()
     assert buffers._splits_rows(target, source)
@@ -685,11 +687,28 @@ def test_rows_are_split_by_conversions_only_where_they_keep_the_low_bits(
     assert not buffers._splits_rows(target, source.t().contiguous().t())  # not row-major
     assert not buffers._splits_rows(torch.zeros(100_000, 2), source)  # not columns
     assert not buffers._splits_rows(target.double(), source.double())  # 16-byte rows
-    assert not buffers._splits_rows(target, source.requires_grad_())
+    assert not buffers._splits_rows(target, source.clone().requires_grad_())
+    # copy_ makes a bool's nonzero bytes 1; its bits would keep them.
+    assert not buffers._splits_rows(target.bool(), source.bool())
+    # Columns over each other, or over the source: copy_ refuses them, and says why.
+    assert not buffers._splits_rows(torch.zeros(100_000).as_strided((100_000, 2), (1, 0)), source)
+    shared = torch.zeros(400_000)
+    assert not buffers._splits_rows(
+        shared[1:].as_strided((100_000, 2), (1, 200_000)), shared[:200_000].view(100_000, 2)
+    )
+    fake = torch.Tensor._make_subclass(type("Traced", (torch.Tensor,), {}), source)
+    assert not buffers._splits_rows(target, fake)
+    # The check of ATen's narrowing runs on the CPU whatever the default device.
+    monkeypatch.setattr(buffers, "_TRUNCATES", {})
+    with torch.device("meta"):
+        buffers.copy_values(target, source)
+    assert buffers._TRUNCATES == {(8, 4): True}
+    assert torch.equal(target, source)
+    target.zero_()
     monkeypatch.setitem(buffers._TRUNCATES, (8, 4), False)
     calls: list[object] = []
     monkeypatch.setattr(buffers, "_split_rows", lambda *args: calls.append(args))
-    buffers.copy_values(target, source.detach())
+    buffers.copy_values(target, source)
     assert not calls
     assert torch.equal(target, source)
 
