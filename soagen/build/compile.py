@@ -60,6 +60,7 @@ from soagen.build.model import (
     check_eager,
     check_finite,
     describe_inputs,
+    eager_trials,
     example_inputs,
     example_sizes,
     forget_generated_modules,
@@ -67,9 +68,7 @@ from soagen.build.model import (
     load_examples,
     resolve_index_bounds,
     run_on_copies,
-    same_n_groups,
     torch_device,
-    trial_sizes,
 )
 from soagen.dsl.dtypes import INTEGER_DTYPES
 from soagen.runtime.aot import (
@@ -752,22 +751,17 @@ def _verify(
     different per layout, which catches a size or stride the export fixed by mistake."""
     backend = AotBackend(package, binding)
     runner = backend.on(device)
-    for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
-        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
-        try:
-            expected, _ = run_on_copies(model, inputs)
-        except Exception:
-            continue  # the eager model itself does not take these sizes (n = 1, say)
+    for trial in eager_trials(binding, layouts, model, example, bounds, device, fill):
         if backend.writes_outputs:
-            actual = example_outputs(binding, layouts, expected, device)
+            actual = example_outputs(binding, layouts, trial.expected, device)
             for view in actual:
                 view.fill_(-7)  # so that an output the package does not write shows
             with torch.inference_mode():
-                runner([*inputs, *actual])
+                runner([*trial.inputs, *actual])
         else:
             with torch.inference_mode():
-                actual = typing.cast(list[torch.Tensor], runner(inputs))
-        check_agreement(binding, "the compiled package", actual, expected, sizes, fill)
+                actual = typing.cast(list[torch.Tensor], runner(trial.inputs))
+        check_agreement(binding, "the compiled package", actual, trial.expected, trial.sizes, fill)
 
 
 __all__ = ["CompileError", "compile_model"]

@@ -25,6 +25,7 @@ import traceback
 import typing
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -464,6 +465,39 @@ def run_on_copies(
         results: tuple[torch.Tensor, ...] = model(*copies)
     written = {i for i, copy in enumerate(copies) if copy._version != versions[i]}
     return results, written
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """The eager model run on real collections of one set of element counts."""
+
+    sizes: dict[str, int]  # input layout -> element count
+    inputs: list[torch.Tensor]
+    expected: tuple[torch.Tensor, ...]
+
+
+def eager_trials(
+    binding: type[ModelBinding],
+    layouts: Mapping[str, type[Collection]],
+    model: torch.nn.Module,
+    example: Mapping[str, int],
+    bounds: Mapping[str, str],
+    device: torch.device,
+    fill: ExampleFill | None,
+) -> list[Trial]:
+    """The eager model at several element counts, different per layout (`trial_sizes`), each on
+    inputs of its own seed: what a compiled model is compared with, and where a size or stride the
+    export fixed by mistake shows. Counts the eager model itself refuses (n = 1, say) are left
+    out."""
+    trials = []
+    for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
+        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
+        try:
+            expected, _ = run_on_copies(model, inputs)
+        except Exception:
+            continue
+        trials.append(Trial(sizes, inputs, expected))
+    return trials
 
 
 def describe_inputs(binding: type[ModelBinding], inputs: Sequence[torch.Tensor]) -> str:

@@ -24,7 +24,6 @@ import typing
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,22 +32,23 @@ from soagen.build.compile import CompileError, example_outputs
 from soagen.build.model import (
     ExampleFill,
     SchemaOrder,
+    Trial,
     build_model,
     check_agreement,
     check_eager,
     check_finite,
+    eager_trials,
     example_inputs,
     example_sizes,
     forget_generated_modules,
     generated_binding,
     load_examples,
     resolve_index_bounds,
-    run_on_copies,
     same_n_groups,
-    trial_sizes,
 )
 from soagen.runtime.collection import Collection
 from soagen.runtime.model import ModelBinding
+from soagen.runtime.spec import following_input
 
 Progress = Callable[[str], None]
 
@@ -88,7 +88,7 @@ def export_onnx(
             inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=0, fill=fill)
             results, _ = check_eager(binding, reference, inputs)
             check_finite(binding, results, sizes, fill)
-            trials = eager_trials(binding, layouts, reference, sizes, bounds, fill)
+            trials = eager_trials(binding, layouts, reference, sizes, bounds, device, fill)
             counts = measured_output_counts(binding, trials)
             report(f"exporting {model_name} with torch.onnx.export (opset {OPSET})")
             declared = _export(binding, reference, inputs, Path(workdir) / "declared.onnx")
@@ -179,42 +179,13 @@ def _with_storage_inputs(
     return typing.cast(bytes, adapted.SerializeToString())
 
 
-@dataclass(frozen=True, slots=True)
-class Trial:
-    """The eager model run on real collections of one set of element counts."""
-
-    sizes: dict[str, int]  # input layout -> element count
-    inputs: list[torch.Tensor]
-    expected: tuple[torch.Tensor, ...]
-
-
-def eager_trials(
-    binding: type[ModelBinding],
-    layouts: Mapping[str, type[Collection]],
-    model: SchemaOrder,
-    example: Mapping[str, int],
-    bounds: Mapping[str, str],
-    fill: ExampleFill | None,
-) -> list[Trial]:
-    """The eager model at several element counts, different per layout (`trial_sizes`), each on
-    inputs of its own seed; counts the model itself refuses (n = 1, say) are left out."""
-    device = torch.device("cpu")
-    trials = []
-    for seed, sizes in enumerate(trial_sizes(example, groups=same_n_groups(binding)), start=1):
-        inputs = example_inputs(binding, layouts, sizes, bounds, device, seed=seed, fill=fill)
-        try:
-            expected, _ = run_on_copies(model, inputs)
-        except Exception:
-            continue
-        trials.append(Trial(sizes, inputs, expected))
-    return trials
-
-
 def measured_output_counts(binding: type[ModelBinding], trials: Sequence[Trial]) -> dict[str, str]:
-    """Each output's element count as the eager model gave it at every trial: as many as an
-    input's collection (the first such input in schema order), or one count at all of them.
-    What a server that allocates the output collections sizes them by (`OnnxBackend.output_counts`);
-    outputs that follow neither are left out, and one trial tells a count from neither."""
+    """Outputs whose element count was an input collection's at every trial (each layout had a
+    count of its own there, one per `same n as` group), each with that input: one of the output's
+    own layout where an input binds it, else the first in schema order. What a server that
+    allocates the output collections sizes them by (`OnnxBackend.output_counts`). A count that
+    stayed the same is not recorded: a model's data can keep it so (a selection on the trials'
+    values), and one trial tells nothing."""
     counts: dict[str, str] = {}
     if len(trials) < 2:
         return counts
@@ -224,14 +195,12 @@ def measured_output_counts(binding: type[ModelBinding], trials: Sequence[Trial])
         axis = spec.block.axes.index("n")
         found = [trial.expected[position].shape[axis] for trial in trials]
         follows = [
-            source.name
+            source
             for source in binding.INPUTS
             if [trial.sizes[source.block.layout] for trial in trials] == found
         ]
         if follows:
-            counts[spec.name] = follows[0]
-        elif len(set(found)) == 1:
-            counts[spec.name] = str(found[0])
+            counts[spec.name] = following_input(follows, spec).name
     return counts
 
 
@@ -246,10 +215,14 @@ def verify(
     """Load the file as users will and compare it with the eager model's `trials` on the same
     collections; its recorded output counts must read back as `output_counts`. CommandError
     naming the first disagreement."""
+    from soagen.runtime.errors import ModelLoadError
     from soagen.runtime.onnx import OnnxBackend
 
     device = torch.device("cpu")
-    backend = OnnxBackend(path, binding)
+    try:
+        backend = OnnxBackend(path, binding)
+    except ModelLoadError as error:
+        raise CompileError(f"the ONNX file written does not load: {error}") from error
     if backend.output_counts != output_counts:
         raise CompileError(
             f"the ONNX file {path.name} reads back output counts {backend.output_counts}, "
@@ -267,4 +240,4 @@ def verify(
         )
 
 
-__all__ = ["OPSET", "Trial", "eager_trials", "export_onnx", "measured_output_counts", "verify"]
+__all__ = ["OPSET", "export_onnx", "measured_output_counts", "verify"]

@@ -95,8 +95,8 @@ def add_output_size_argument(parser: argparse.ArgumentParser, *, when: str) -> N
         default=[],
         metavar="OUTPUT=INPUT",
         help=f"{when}output OUTPUT's collection has as many elements as input INPUT's (or a "
-        "number) per event; needed where the output has a layout of its own and the inputs "
-        "more than one (repeatable)",
+        "number) per event; needed where the output has a layout of its own, the inputs more "
+        "than one, and the model file says nothing (repeatable)",
     )
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import soagen
 from soagen.runtime.backends import Backend, Runner
 from soagen.runtime.errors import BindingError, ModelLoadError
-from soagen.runtime.spec import BindingSpec
+from soagen.runtime.spec import BindingSpec, following_input
 
 if typing.TYPE_CHECKING:
     import torch
@@ -398,18 +398,18 @@ class AotBackend(Backend):
         inputs, outputs = self.binding.INPUTS, self.binding.OUTPUTS
         if not self.writes_outputs or len(geometry) != len(inputs) + len(outputs):
             return {}
-        symbols: dict[str, str] = {}
+        symbols: dict[str, list[BindingSpec]] = {}
         for spec, entry in zip(inputs, geometry[: len(inputs)], strict=True):
             size = _element_count(spec, entry)
             if size is not None and not size.isdigit():
-                symbols.setdefault(size, spec.name)
+                symbols.setdefault(size, []).append(spec)
         counts = {}
         for spec, entry in zip(outputs, geometry[len(inputs) :], strict=True):
             size = _element_count(spec, entry)
             if size is not None and size.isdigit():
                 counts[spec.name] = size
             elif size is not None and size in symbols:
-                counts[spec.name] = symbols[size]
+                counts[spec.name] = following_input(symbols[size], spec).name
         return counts
 
     def place(self, device: torch.device) -> Runner:

@@ -91,7 +91,15 @@ class Backend(abc.ABC):
     def output_counts(self) -> Mapping[str, str]:
         """Outputs whose element count the model file fixes (where it `writes_outputs`): each
         with an input's name (as many elements as that input's collection) or a count. A server
-        that allocates the output collections sizes them by it."""
+        that allocates the output collections sizes them by it, and refuses a size given that
+        differs."""
+        return {}
+
+    @property
+    def suggested_output_counts(self) -> Mapping[str, str]:
+        """Outputs whose element count the model file suggests without fixing it (names it
+        gives its axes), as `output_counts` states them: a server sizes by them where nothing
+        else says, and a size given overrides them."""
         return {}
 
     def on(self, device: torch.device) -> Runner:

@@ -247,6 +247,7 @@ class OnnxBackend(Backend):
         if exported is not None:
             self._output_ports = storage_file_outputs(str(path), binding, model, storages)
             self._output_counts = recorded_output_counts(exported, binding, str(path))
+            self._suggested_counts: dict[str, str] = {}
         else:
             input_ports, self._output_ports = match_ports(
                 str(path),
@@ -255,7 +256,8 @@ class OnnxBackend(Backend):
                 _ports(model.graph.output),
                 storages,
             )
-            self._output_counts = counts_from_symbols(
+            self._output_counts = {}
+            self._suggested_counts = counts_from_symbols(
                 binding, input_ports, self._output_ports, storages
             )
         self._input_ports = input_ports or []
@@ -286,10 +288,16 @@ class OnnxBackend(Backend):
 
     @property
     def output_counts(self) -> Mapping[str, str]:
-        """Outputs whose element count the file states: in a file `soagen compile` wrote, what
-        the eager model gave at each of its checks (`OUTPUT_COUNTS_KEY`); in any other, an
-        output's element axis named by the symbol of an input's (`counts_from_symbols`)."""
+        """In a file `soagen compile` wrote, the outputs whose element count was an input
+        collection's at each of the export's checks against the eager model
+        (`OUTPUT_COUNTS_KEY`)."""
         return dict(self._output_counts)
+
+    @property
+    def suggested_output_counts(self) -> Mapping[str, str]:
+        """In any other file, the outputs whose element axis it names by the symbol of an
+        input's (`counts_from_symbols`)."""
+        return dict(self._suggested_counts)
 
     def place(self, device: torch.device) -> Runner:
         import numpy

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from soagen.runtime.errors import ModelLoadError
-from soagen.runtime.spec import BindingSpec
+from soagen.runtime.spec import BindingSpec, following_input
 
 if typing.TYPE_CHECKING:
     from soagen.runtime.model import ModelBinding
@@ -287,9 +287,11 @@ def counts_from_symbols(
     storages: Mapping[str, BlockStorage],
 ) -> dict[str, str]:
     """Outputs whose element axis the file names by the symbol of inputs' element axes (an
-    exporter's dynamic axes: one name, one count), each with the first such input in schema order;
-    `inputs` and `outputs` as `match_ports` orders them. A symbol that inputs of two layouts share
-    says nothing about which one an output follows."""
+    exporter's dynamic axes), each with such an input (`following_input`); `inputs` and `outputs`
+    as `match_ports` orders them. Names are an exporter's word, which ONNX Runtime does not hold a
+    model to (one name for every dynamic axis is common): a guess for where nothing else says
+    (`Backend.suggested_output_counts`). A symbol that inputs of two layouts share, neither the
+    output's own, says nothing about which one it follows."""
     named: dict[str, list[BindingSpec]] = {}
     for spec, port in zip(binding.INPUTS, inputs, strict=True):
         dim = _element_dim(port, storages[spec.name])
@@ -299,8 +301,11 @@ def counts_from_symbols(
     for spec, port in zip(binding.OUTPUTS, outputs, strict=True):
         dim = _element_dim(port, storages[spec.name])
         specs = named.get(dim, []) if isinstance(dim, str) else []
-        if specs and len({named.block.layout for named in specs}) == 1:
-            counts[spec.name] = specs[0].name
+        if not specs:
+            continue
+        chosen = following_input(specs, spec)
+        if chosen.block.layout == spec.block.layout or len({s.block.layout for s in specs}) == 1:
+            counts[spec.name] = chosen.name
     return counts
 
 

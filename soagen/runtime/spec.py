@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -95,3 +95,13 @@ class BindingSpec:
 def declared_index_bounds(inputs: Iterable[BindingSpec]) -> dict[str, str]:
     """The schema's `indexes` clauses: index input name -> the input whose elements it numbers."""
     return {spec.name: spec.indexes for spec in inputs if spec.indexes is not None}
+
+
+def following_input(candidates: Sequence[BindingSpec], output: BindingSpec) -> BindingSpec:
+    """Of inputs whose element count an output's equals (`candidates`, in schema order), the one
+    to name as its size: one of the output's own layout, whose collection an input then binds
+    (layouts a `same n as` ties hold equal counts, so any of them would be true), else the
+    first."""
+    return next(
+        (spec for spec in candidates if spec.block.layout == output.block.layout), candidates[0]
+    )

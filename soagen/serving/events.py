@@ -150,17 +150,23 @@ def recorded_sizes_problem(
     sizes: Mapping[str, Mapping[str, object]],
     recorded: Mapping[str, str],
     inputs: Sequence[tuple[str, str]],
+    groups: Mapping[str, str],
 ) -> str | None:
     """Why output sizes (as `output_sizes` gives them) contradict the element counts the model
     file recorded for its outputs (`Backend.output_counts`: an input's name or a count), or
-    None. Such a model would refuse every event; its server should not start."""
+    None. Such a model would refuse every event; its server should not start. `groups`: each
+    input layout's `same n as` group, as its first layout (`same_n_groups`): the layouts of one
+    hold one count, so a size may name any of them."""
     layouts = dict(inputs)
+
+    def meaning(size: Mapping[str, object]) -> int | str:
+        resolved = _count_or_layout(size, layouts)
+        return groups.get(resolved, resolved) if isinstance(resolved, str) else resolved
+
     for name, record in recorded.items():
         size = sizes.get(name)
         exported = {"count": int(record)} if record.isdigit() else {"input": record}
-        if size is not None and _count_or_layout(size, layouts) != _count_or_layout(
-            exported, layouts
-        ):
+        if size is not None and meaning(size) != meaning(exported):
             return (
                 f"output {name!r} would get {_described(size)} per event, and the model file "
                 f"was exported with {_described(exported)}"

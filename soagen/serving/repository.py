@@ -431,10 +431,12 @@ def _check_recorded_sizes(
 ) -> None:
     """model.py allocates the output collections a package that writes its outputs stores into:
     with other counts than the package was exported with, it would refuse every event."""
+    from soagen.build.model import same_n_groups
     from soagen.runtime.aot import AotBackend
 
     inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
-    problem = recorded_sizes_problem(sizes, AotBackend(package, binding).output_counts, inputs)
+    recorded = AotBackend(package, binding).output_counts
+    problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(binding))
     if problem is not None:
         raise TritonError(f"--output-size: {problem}", usage=True)
 

@@ -325,8 +325,9 @@ def _output_sizes(
 ) -> dict[str, dict[str, object]] | None:
     """Per output, how many elements its collection gets per event (`events.output_sizes`), for
     a model that stores into its output blocks (a package built with --write-outputs, an ONNX
-    model); None for one that returns its outputs. A package's own counts, recorded when it was
-    exported, are used, and a given size that differs is refused."""
+    model); None for one that returns its outputs. Where no size is given, the model file's
+    counts (`Backend.output_counts`, else `Backend.suggested_output_counts`); a given size that
+    differs from the file's fixed ones is refused."""
     cls = type(binding)
     backend = binding._backend
     if not backend.writes_outputs:
@@ -346,18 +347,22 @@ def _output_sizes(
     inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
     outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
     input_layouts = set(dict(inputs).values())
-    # A package's records size outputs of their own layout where nothing is given.
+    # The model file's counts size outputs of their own layout where nothing is given.
     recorded = backend.output_counts
     output_layouts = dict(outputs)
-    fixed = {
-        name: count for name, count in recorded.items() if output_layouts[name] not in input_layouts
+    from_file = {
+        name: count
+        for name, count in {**backend.suggested_output_counts, **recorded}.items()
+        if output_layouts[name] not in input_layouts
     }
     try:
         texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
-        sizes = output_sizes(cls.NAME, inputs, outputs, {**fixed, **texts})
+        sizes = output_sizes(cls.NAME, inputs, outputs, {**from_file, **texts})
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
-    problem = recorded_sizes_problem(sizes, recorded, inputs)
+    from soagen.build.model import same_n_groups
+
+    problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(cls))
     if problem is not None:
         raise ServeError(f"{problem} ({backend.description})", usage=True)
     return sizes

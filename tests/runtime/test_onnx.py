@@ -340,10 +340,10 @@ def test_an_onnx_model_is_served_into_output_collections_the_server_allocates(
     files: dict[str, Path], compiled_gnn: Path, tmp_path: Path
 ) -> None:
     """`soagen serve --model-file gnn.onnx`'s function for each event, in this process: ONNX
-    Runtime writes into output blocks, so the server allocates EdgeScores per event, as many as
-    the file's symbols say (edge_scores' axis is named as edge_index's), or `--output-size`
-    where they say nothing; a file `soagen compile` wrote records what the eager model gave.
-    Each answers what a local call writes."""
+    Runtime writes into output blocks, so the server allocates EdgeScores per event: as many as
+    `--output-size` says, else as the file's axis names suggest (edge_scores' is named as
+    edge_index's); a file `soagen compile` wrote records what the eager model gave, and a size
+    that differs is refused. Each answers what a local call writes."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.gnn_model import fill_examples
     from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
@@ -352,23 +352,27 @@ def test_an_onnx_model_is_served_into_output_collections_the_server_allocates(
     from soagen.serving.wire import ERROR_OUTPUT, wire_tensor
 
     served = EdgeClassifier.load(files["gnn"])
-    assert served._backend.output_counts == {"edge_scores": "edge_index"}
+    assert served._backend.suggested_output_counts == {"edge_scores": "edge_index"}
+    assert served._backend.output_counts == {}
     layouts = {"Nodes": Nodes, "Edges": Edges, "EdgeScores": EdgeScores}
+    # The file's names are a guess that a size given overrides.
+    EventRunner(served, layouts, "cpu", {"edge_scores": "node_features"})
+    unnamed = EdgeClassifier.load(_renamed_output_axis(files["gnn"], tmp_path / "own.onnx"))
+    assert unnamed._backend.suggested_output_counts == {}
+    with pytest.raises(ServeError, match="give --output-size edge_scores=INPUT"):
+        EventRunner(unnamed, layouts, "cpu")
+    EventRunner(unnamed, layouts, "cpu", {"edge_scores": "edge_index"})
+    # What the export measured against the eager model is fixed: a size that differs is refused.
+    compiled = EdgeClassifier.load(compiled_gnn)
+    assert compiled._backend.output_counts == {"edge_scores": "edge_index"}
     with pytest.raises(
         ServeError,
         match=r"output 'edge_scores' would get as many elements as 'node_features' per event, "
         r"and the model file was exported with as many elements as 'edge_index' \(",
     ):
-        EventRunner(served, layouts, "cpu", {"edge_scores": "node_features"})
+        EventRunner(compiled, layouts, "cpu", {"edge_scores": "node_features"})
     # Another input of the same collection is the same count.
-    EventRunner(served, layouts, "cpu", {"edge_scores": "edge_features"})
-    unnamed = EdgeClassifier.load(_renamed_output_axis(files["gnn"], tmp_path / "own.onnx"))
-    assert unnamed._backend.output_counts == {}
-    with pytest.raises(ServeError, match="give --output-size edge_scores=INPUT"):
-        EventRunner(unnamed, layouts, "cpu")
-    EventRunner(unnamed, layouts, "cpu", {"edge_scores": "edge_index"})
-    compiled = EdgeClassifier.load(compiled_gnn)
-    assert compiled._backend.output_counts == {"edge_scores": "edge_index"}
+    EventRunner(compiled, layouts, "cpu", {"edge_scores": "edge_features"})
     for path, runner in (
         (files["gnn"], EventRunner(served, layouts, "cpu")),
         (compiled_gnn, EventRunner(compiled, layouts, "cpu")),
@@ -701,10 +705,28 @@ def test_a_compiled_file_takes_the_storage_and_equals_eager(
         torch.testing.assert_close(out.score[150:], score, rtol=1e-5, atol=1e-4)
 
 
+TIED_SCHEMA = """
+layout A {
+    column float32 x
+}
+
+layout B {
+    column float32 y, z
+}
+
+model Tied {
+    input  a = A{x}
+    input  b = B{y} same n as a
+    output o = B{z}
+}
+"""
+
+
 def test_output_counts_are_what_the_eager_model_gave_at_every_trial(
-    modules: dict[int, ModuleType],
+    modules: dict[int, ModuleType], tmp_path: Path
 ) -> None:
-    from soagen.build.onnx_export import Trial, measured_output_counts
+    from soagen.build.model import Trial
+    from soagen.build.onnx_export import measured_output_counts
 
     binding = modules[32].ArrayNet
 
@@ -715,13 +737,18 @@ def test_output_counts_are_what_the_eager_model_gave_at_every_trial(
             for hits, score, pair in rows
         ]
 
-    assert measured_output_counts(binding, trials((7, 7, 4), (12, 12, 4))) == {
-        "score": "points",  # the first input of Hits
-        "pair": "4",  # one count at every trial
-    }
+    # The first input of Hits; a count that stayed 4 may be the trials' data (a selection).
+    assert measured_output_counts(binding, trials((7, 7, 4), (12, 12, 4))) == {"score": "points"}
     # A count that follows nothing (2n), and a single trial, which cannot tell.
     assert measured_output_counts(binding, trials((7, 14, 7), (12, 24, 12))) == {"pair": "points"}
     assert measured_output_counts(binding, trials((7, 7, 7))) == {}
+    # Layouts a `same n as` ties hold one count at every trial: the output's own layout's input
+    # names it, which is what a server gives that collection.
+    (tmp_path / "tied.soa").write_text(TIED_SCHEMA)
+    generate_package(tmp_path / "tied.soa", tmp_path, "pkg_tied")
+    tied = import_generated(tmp_path, "pkg_tied", "tied").Tied
+    same = [Trial({"A": n, "B": n}, [], (torch.empty(n),)) for n in (7, 12)]
+    assert measured_output_counts(tied, same) == {"o": "b"}
 
 
 @pytest.mark.parametrize(

@@ -416,6 +416,36 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
             torch.from_numpy(answer["edge_scores"][0]), _expected(local, nodes, edges)
         )
 
+    class Suggesting(Writing):
+        """Names its output's axis as an input's (an ONNX file's dynamic axes): a guess."""
+
+        suggested_output_counts = {"edge_scores": "edge_index"}
+
+    suggesting = EdgeClassifier(Suggesting("a suggesting double"))
+    (answer,) = EventRunner(suggesting, layouts, "cpu")([_wire_request(*events[0])])
+    assert torch.equal(torch.from_numpy(answer["edge_scores"][0]), _expected(local, *events[0]))
+    # A size given overrides the guess: here wrongly, 10 scores for 30 edges.
+    overridden = EventRunner(suggesting, layouts, "cpu", {"edge_scores": "node_features"})
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(10\) must match .* b \(30\)"):
+        overridden([_wire_request(*events[0])])
+
+
+def test_a_recorded_size_may_be_named_by_any_layout_its_same_n_group_ties() -> None:
+    from soagen.serving.events import output_sizes, recorded_sizes_problem
+
+    inputs = [("tracks", "Tracks"), ("hits", "Hits"), ("masks", "Masks")]
+    outputs = [("scores", "Scores")]
+    sizes = output_sizes("TrackNet", inputs, outputs, {"scores": "hits"})
+    tied = {"Tracks": "Tracks", "Hits": "Tracks", "Masks": "Masks"}  # hits: same n as tracks
+    assert recorded_sizes_problem(sizes, {"scores": "tracks"}, inputs, tied) is None
+    untied = {layout: layout for _, layout in inputs}
+    assert "exported with as many elements as 'tracks'" in str(
+        recorded_sizes_problem(sizes, {"scores": "tracks"}, inputs, untied)
+    )
+    assert "exported with as many elements as 'masks'" in str(
+        recorded_sizes_problem(sizes, {"scores": "masks"}, inputs, tied)
+    )
+
 
 def test_output_sizes_agree_within_a_collection_and_are_counts_or_inputs() -> None:
     from soagen.serving.events import OutputSizeError, output_sizes
