@@ -421,8 +421,10 @@ class ModelBinding:
         order. A call with the collections of a plan runs it straight away: the plan's
         collections are these very objects (it leaves when one of them is collected), in this
         order, all checked when it was made."""
-        key = self._plan_key(collections, stream, batch_size)
-        if key is not None:
+        # `_plan_key`, written out: this is every generated call's path.
+        key = None
+        if stream is None and batch_size is None and not self.protect_inputs:
+            key = tuple(map(id, collections))
             plan = self._plans.get(key)
             if plan is not None:
                 self._run_plan(plan, collections)
@@ -722,7 +724,10 @@ class ModelBinding:
         if targets is None or runner is None:
             return  # every output empty
         views, in_inference_mode = plan.views, plan.in_inference_mode
-        if in_inference_mode is not None and in_inference_mode != _inference_mode_enabled():
+        if (
+            in_inference_mode is not None
+            and in_inference_mode != (_torch or _load_torch()).is_inference_mode_enabled()
+        ):
             # Views made inside inference mode share their buffer's version counter, and those
             # made outside it have their own (`Collection._block_with_own_version`): a call in the
             # other mode gets its own, as a call without a plan would.
@@ -944,10 +949,6 @@ def _any_elements(outputs: Mapping[str, Collection]) -> bool:
         if collection.size:
             return True
     return False
-
-
-def _inference_mode_enabled() -> bool:
-    return bool((_torch or _load_torch()).is_inference_mode_enabled())
 
 
 def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
