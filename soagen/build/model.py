@@ -39,7 +39,7 @@ from soagen.runtime.agreement import first_disagreement, nonfinite_outputs
 from soagen.runtime.buffers import contiguous_copy
 from soagen.runtime.collection import Collection
 from soagen.runtime.errors import OutputError
-from soagen.runtime.model import ModelBinding, outputs_in_schema_order
+from soagen.runtime.model import ModelBinding, outputs_in_schema_order, same_n_groups
 from soagen.runtime.spec import declared_index_bounds
 
 # Example element count of the i-th input layout with alignment A: A * (16 + 2 i) + 1 (2049, 2305,
@@ -309,27 +309,6 @@ def resolve_index_bounds(
     return bounds
 
 
-def same_n_groups(binding: type[ModelBinding]) -> dict[str, str]:
-    """Each input layout -> the first input layout (in schema order) that `same n as` clauses
-    tie it to, itself where none does: layouts of one group hold one element count."""
-    names = list(dict.fromkeys(spec.block.layout for spec in binding.INPUTS))
-    group = {name: name for name in names}
-
-    def root(name: str) -> str:
-        while group[name] != name:
-            name = group[name]
-        return name
-
-    layout_of = {spec.name: spec.block.layout for spec in binding.INPUTS}
-    for spec in binding.INPUTS:
-        if spec.same_n_as is not None:
-            first, second = sorted(
-                (root(spec.block.layout), root(layout_of[spec.same_n_as])), key=names.index
-            )
-            group[second] = first
-    return {name: root(name) for name in names}
-
-
 def example_sizes(
     binding: type[ModelBinding], layouts: Mapping[str, type[Collection]]
 ) -> dict[str, int]:
@@ -496,7 +475,8 @@ def eager_trials(
             expected, _ = run_on_copies(model, inputs)
         except Exception:
             continue
-        trials.append(Trial(sizes, inputs, expected))
+        # A model may return views of its own state, which the next trial would overwrite.
+        trials.append(Trial(sizes, inputs, tuple(result.clone() for result in expected)))
     return trials
 
 

@@ -251,29 +251,28 @@ def _splits_rows(target: torch.Tensor, source: torch.Tensor) -> bool:
         return False
     start, end = target.data_ptr(), target.data_ptr() + target.stride(1) * target.size(1) * width
     if start < source.data_ptr() + source.nbytes and source.data_ptr() < end:
-        return False  # copy_ refuses overlapping memory; leave it to say so
+        return False  # overlapping memory is copy_'s to handle, or to refuse
     truncates = _TRUNCATES.get((row, width))
     if truncates is None:
-        truncates = _TRUNCATES[(row, width)] = _conversion_truncates(
-            _INTEGER_OF_WIDTH[row], _INTEGER_OF_WIDTH[width]
-        )
+        try:
+            truncates = _conversion_truncates(_INTEGER_OF_WIDTH[row], _INTEGER_OF_WIDTH[width])
+        except Exception:
+            return False  # not remembered: a mode active now (a dispatch mode, say) may pass
+        _TRUNCATES[(row, width)] = truncates
     return truncates
 
 
 def _conversion_truncates(wide: torch.dtype, narrow: torch.dtype) -> bool:
     """Whether ATen's conversion from `wide` to `narrow` integers keeps the low bits, on the
-    vectorized path and its scalar tail alike (C++ leaves narrowing to the implementation); False
-    where the check itself cannot run (a default device or mode that is not plain CPU memory)."""
-    try:
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        rows = torch.randint(
-            0, 256, (1027 * wide.itemsize,), dtype=torch.uint8, generator=generator, device="cpu"
-        )
-        values = rows.view(wide)
-        low = values.view(narrow).view(values.numel(), -1)[:, 0]  # little-endian: the first lane
-        return torch.equal(values.to(narrow), low)
-    except Exception:
-        return False
+    vectorized path and its scalar tail alike (C++ leaves narrowing to the implementation). On
+    the CPU, whatever the default device."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    rows = torch.randint(
+        0, 256, (1027 * wide.itemsize,), dtype=torch.uint8, generator=generator, device="cpu"
+    )
+    values = rows.view(wide)
+    low = values.view(narrow).view(values.numel(), -1)[:, 0]  # little-endian: the first lane
+    return torch.equal(values.to(narrow), low)
 
 
 def _split_rows(target: torch.Tensor, source: torch.Tensor) -> None:

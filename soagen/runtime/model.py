@@ -1212,6 +1212,27 @@ def outputs_in_schema_order(cls: type[ModelBinding], result: object) -> list[tor
     return list(result)
 
 
+def same_n_groups(binding: type[ModelBinding]) -> dict[str, str]:
+    """Each input layout -> the first input layout (in schema order) that `same n as` clauses
+    tie it to, itself where none does: layouts of one group hold one element count."""
+    names = list(dict.fromkeys(spec.block.layout for spec in binding.INPUTS))
+    group = {name: name for name in names}
+
+    def root(name: str) -> str:
+        while group[name] != name:
+            name = group[name]
+        return name
+
+    layout_of = {spec.name: spec.block.layout for spec in binding.INPUTS}
+    for spec in binding.INPUTS:
+        if spec.same_n_as is not None:
+            first, second = sorted(
+                (root(spec.block.layout), root(layout_of[spec.same_n_as])), key=names.index
+            )
+            group[second] = first
+    return {name: root(name) for name in names}
+
+
 def shared_members(cls: type[ModelBinding]) -> list[tuple[int, int]]:
     """(input position, output position) of the blocks that bind the same members of a layout."""
     return [

@@ -109,8 +109,8 @@ def storage_metadata(binding: type[ModelBinding]) -> dict[str, object]:
     }
 
 
-# The metadata entry of a `soagen compile` file naming each output's element count where the
-# eager model showed one: an input's name (as many as its collection) or a count, as text.
+# The metadata entry of a `soagen compile` file naming the input whose element count each output
+# had at every check against the eager model. A count (as text) is read too, never written.
 OUTPUT_COUNTS_KEY = "output_counts"
 
 

@@ -68,7 +68,8 @@ def output_sizes(
     place), else `given[output]` (`--output-size`), an input name (as many elements as that
     input's collection) or a count, else the one input layout. `inputs`, `outputs`: (binding
     name, layout name) in schema order; the result, per output, as `EventLoader.counts` takes it.
-    Outputs into one layout of their own share its collection, so they must agree."""
+    Outputs into one layout of their own share its collection, so they must agree, and a size
+    given for one of them serves the others."""
     input_layouts = {name: layout for name, layout in inputs}
     layouts = list(dict.fromkeys(input_layouts.values()))
     output_layouts = dict(outputs)
@@ -78,6 +79,9 @@ def output_sizes(
                 f"--output-size: {model} has no output {name!r}; its outputs are "
                 f"{', '.join(output_layouts)}"
             )
+    given_for_layout: dict[str, str] = {}
+    for name, text in given.items():
+        given_for_layout.setdefault(output_layouts[name], text)
     sizes: dict[str, dict[str, object]] = {}
     for name, layout in outputs:
         source = given.get(name)
@@ -89,6 +93,8 @@ def output_sizes(
                 )
             sizes[name] = {"layout": layout}
             continue
+        if source is None:
+            source = given_for_layout.get(layout)
         if source is None:
             if len(layouts) != 1:
                 raise OutputSizeError(
@@ -115,7 +121,7 @@ def output_sizes(
             raise OutputSizeError(
                 f"--output-size: outputs {first[0]!r} and {name!r} share the {layout} collection "
                 f"of each event, so they need one element count, and their sizes (given, or "
-                f"recorded in the model file) differ"
+                f"from the model file) differ"
             )
     return sizes
 

@@ -431,8 +431,8 @@ def _check_recorded_sizes(
 ) -> None:
     """model.py allocates the output collections a package that writes its outputs stores into:
     with other counts than the package was exported with, it would refuse every event."""
-    from soagen.build.model import same_n_groups
     from soagen.runtime.aot import AotBackend
+    from soagen.runtime.model import same_n_groups
 
     inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
     recorded = AotBackend(package, binding).output_counts

@@ -350,9 +350,17 @@ def _output_sizes(
     # The model file's counts size outputs of their own layout where nothing is given.
     recorded = backend.output_counts
     output_layouts = dict(outputs)
+    # A size given for one output of a layout overrides the file's guesses for all of them: the
+    # outputs of a layout share its collection.
+    given_layouts = {output_layouts[name] for name in given if name in output_layouts}
+    suggested = {
+        name: count
+        for name, count in backend.suggested_output_counts.items()
+        if output_layouts[name] not in given_layouts
+    }
     from_file = {
         name: count
-        for name, count in {**backend.suggested_output_counts, **recorded}.items()
+        for name, count in {**suggested, **recorded}.items()
         if output_layouts[name] not in input_layouts
     }
     try:
@@ -360,7 +368,7 @@ def _output_sizes(
         sizes = output_sizes(cls.NAME, inputs, outputs, {**from_file, **texts})
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
-    from soagen.build.model import same_n_groups
+    from soagen.runtime.model import same_n_groups
 
     problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(cls))
     if problem is not None:

@@ -802,6 +802,53 @@ def test_an_export_that_disagrees_with_eager_writes_nothing(compiled: dict[str, 
     assert not list(folder.glob(".wrong.*"))
 
 
+def test_eager_trials_keep_results_a_model_returns_from_its_own_state(
+    modules: dict[int, ModuleType],
+) -> None:
+    from soagen.build.model import SchemaOrder, eager_trials
+
+    class Reused(torch.nn.Module):
+        """Returns a view of one buffer it writes every call."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.held = torch.zeros(4096)
+
+        def forward(self, values: torch.Tensor) -> torch.Tensor:
+            result = self.held[: values.shape[0]]
+            torch.mul(values, 2, out=result)
+            return result
+
+    module = modules[32]
+    reused = SchemaOrder(Reused(), module.Doubler)
+    trials = eager_trials(
+        module.Doubler, {"Out": module.Out}, reused, {"Out": 40}, {}, torch.device("cpu"), None
+    )
+    assert len(trials) > 2
+    for trial in trials:
+        assert torch.equal(trial.expected[0], trial.inputs[0] * 2)
+
+
+def test_an_export_whose_file_does_not_load_writes_nothing(
+    compiled: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from soagen.build.errors import CommandError
+    from soagen.build.onnx_export import export_onnx
+
+    def unreadable(exported: object, binding: object, source: str) -> dict[str, str]:
+        raise ModelLoadError(f"{source}: unreadable")
+
+    monkeypatch.setattr(soagen_onnx, "recorded_output_counts", unreadable)
+    folder = compiled["folder"]
+    target = folder / "unread.onnx"
+    with pytest.raises(CommandError, match=r"the ONNX file written does not load: .*: unreadable"):
+        export_onnx(
+            folder / "hits.soa", "ArrayNet", f"{folder / 'factory.py'}:build", output=target
+        )
+    assert not target.exists()
+    assert not list(folder.glob(".unread.*"))
+
+
 def test_an_export_whose_output_counts_read_back_otherwise_writes_nothing(
     compiled: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

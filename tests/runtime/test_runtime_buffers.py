@@ -690,7 +690,7 @@ def test_rows_are_split_by_conversions_only_where_they_keep_the_low_bits(
     assert not buffers._splits_rows(target, source.clone().requires_grad_())
     # copy_ makes a bool's nonzero bytes 1; its bits would keep them.
     assert not buffers._splits_rows(target.bool(), source.bool())
-    # Columns over each other, or over the source: copy_ refuses them, and says why.
+    # Columns over each other, or over the source: copy_'s to handle, or to refuse.
     assert not buffers._splits_rows(torch.zeros(100_000).as_strided((100_000, 2), (1, 0)), source)
     shared = torch.zeros(400_000)
     assert not buffers._splits_rows(
@@ -705,6 +705,13 @@ def test_rows_are_split_by_conversions_only_where_they_keep_the_low_bits(
     assert buffers._TRUNCATES == {(8, 4): True}
     assert torch.equal(target, source)
     target.zero_()
+    # A check that cannot run says no, and is asked again next time.
+    monkeypatch.setattr(buffers, "_TRUNCATES", {})
+    with monkeypatch.context() as patched:
+        patched.setattr(buffers, "_conversion_truncates", lambda wide, narrow: 1 / 0)
+        assert not buffers._splits_rows(target, source)
+    assert buffers._TRUNCATES == {}
+    assert buffers._splits_rows(target, source)
     monkeypatch.setitem(buffers._TRUNCATES, (8, 4), False)
     calls: list[object] = []
     monkeypatch.setattr(buffers, "_split_rows", lambda *args: calls.append(args))

@@ -424,10 +424,56 @@ def test_a_server_sizes_the_output_collections_a_writing_model_stores_into(
     suggesting = EdgeClassifier(Suggesting("a suggesting double"))
     (answer,) = EventRunner(suggesting, layouts, "cpu")([_wire_request(*events[0])])
     assert torch.equal(torch.from_numpy(answer["edge_scores"][0]), _expected(local, *events[0]))
+    # A guess never outranks a record, nor a size given for another output of its collection.
+    from soagen.serving.server import _output_sizes
+
+    class Both(Suggesting):
+        output_counts = {"edge_scores": "edge_features"}
+
+    assert _output_sizes(EdgeClassifier(Both("both")), {}) == {
+        "edge_scores": {"input": "edge_features"}
+    }
     # A size given overrides the guess: here wrongly, 10 scores for 30 edges.
     overridden = EventRunner(suggesting, layouts, "cpu", {"edge_scores": "node_features"})
     with pytest.raises(RuntimeError, match=r"size of tensor a \(10\) must match .* b \(30\)"):
         overridden([_wire_request(*events[0])])
+
+
+def test_a_size_given_for_one_output_outranks_the_files_guesses_for_its_collection(
+    generated_from_text: Callable[[str], ModuleType],
+) -> None:
+    from soagen.runtime.backends import Backend, Runner
+    from soagen.serving.errors import ServeError
+    from soagen.serving.server import _output_sizes
+
+    module = generated_from_text(
+        "layout N {\n    column float32 x\n}\n\nlayout E {\n    column float32 y\n}\n\n"
+        "layout C {\n    column float32 p, q\n}\n\n"
+        "model Two {\n    input  a = N{x}\n    input  b = E{y}\n"
+        "    output p = C{p}\n    output q = C{q}\n}\n"
+    )
+
+    class Suggesting(Backend):
+        kind = "onnxruntime"
+        records_autograd = False
+        writes_outputs = True
+        outputs_may_overlap_inputs = True
+        suggested_output_counts = {"p": "a", "q": "a"}
+
+        def place(self, device: torch.device) -> Runner:
+            return lambda tensors: []
+
+    suggesting = module.Two(Suggesting("a suggesting double"))
+    assert _output_sizes(suggesting, {}) == {"p": {"input": "a"}, "q": {"input": "a"}}
+    # The outputs share C's collection: a size for one is the size of both.
+    assert _output_sizes(suggesting, {"q": "b"}) == {"p": {"input": "b"}, "q": {"input": "b"}}
+
+    class Recording(Suggesting):
+        suggested_output_counts = {}
+        output_counts = {"p": "a"}
+
+    with pytest.raises(ServeError, match="outputs 'p' and 'q' share the C collection"):
+        _output_sizes(module.Two(Recording("a recording double")), {"q": "b"})
 
 
 def test_a_recorded_size_may_be_named_by_any_layout_its_same_n_group_ties() -> None:
@@ -454,6 +500,11 @@ def test_output_sizes_agree_within_a_collection_and_are_counts_or_inputs() -> No
     outputs = [("features", "TrackOut"), ("charge", "TrackOut")]
     agreed = output_sizes("TrackNet", inputs, outputs, {"features": "momentum", "charge": "cov"})
     assert agreed == {"features": {"input": "momentum"}, "charge": {"input": "cov"}}
+    # One collection per layout: a size given for one output serves the others.
+    assert output_sizes("TrackNet", inputs, outputs, {"charge": "hits"}) == {
+        "features": {"input": "hits"},
+        "charge": {"input": "hits"},
+    }
     counted = typing.cast(dict[str, str], {"features": 5, "charge": "5"})  # the Python API's
     assert output_sizes("TrackNet", inputs, outputs, counted)["features"] == {"count": 5}
     with pytest.raises(OutputSizeError, match="'features' and 'charge' share the TrackOut"):
