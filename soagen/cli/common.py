@@ -88,19 +88,15 @@ def add_write_outputs_argument(parser: argparse.ArgumentParser, *, when: str = "
     )
 
 
-def add_output_size_argument(
-    parser: argparse.ArgumentParser, *, when: str, from_file: bool = False
-) -> None:
-    """`from_file`: the command sizes outputs by the model file's counts where none is given."""
-    unless = ", and the model file says nothing" if from_file else ""
+def add_output_size_argument(parser: argparse.ArgumentParser, *, when: str) -> None:
     parser.add_argument(
         "--output-size",
         action="append",
         default=[],
         metavar="OUTPUT=INPUT",
         help=f"{when}output OUTPUT's collection has as many elements as input INPUT's (or a "
-        f"number) per event; needed where the output has a layout of its own, the inputs more "
-        f"than one{unless} (repeatable)",
+        "number) per event; needed where the output has a layout of its own, the inputs more "
+        "than one, and the model file says nothing (repeatable)",
     )
 
 

@@ -61,9 +61,7 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         help="a TorchScript .pt or an AOTInductor .pt2 from `soagen compile`, or an ONNX .onnx",
     )
     add_output_size_argument(
-        serve,
-        when="a model that stores into output blocks (--write-outputs package, ONNX): ",
-        from_file=True,
+        serve, when="a model that stores into output blocks (--write-outputs package, ONNX): "
     )
     serve.add_argument(
         "--device", default="cpu", help="cpu or cuda[:INDEX], where the model runs (default cpu)"

@@ -56,6 +56,33 @@ def _described(size: Mapping[str, object]) -> str:
     return f"as many elements as its {size['layout']} collection"
 
 
+def sizes_with_file_counts(
+    inputs: Sequence[tuple[str, str]],
+    outputs: Sequence[tuple[str, str]],
+    given: Mapping[str, str],
+    recorded: Mapping[str, str],
+    suggested: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The sizes `output_sizes` takes where the model file may say: `given` (`--output-size`)
+    first, then the file's fixed counts (`Backend.output_counts`), then its guesses
+    (`Backend.suggested_output_counts`), for outputs of a layout of their own. A size given for
+    one output of a layout outranks the guesses for all of them: they share its collection."""
+    input_layouts = {layout for _, layout in inputs}
+    output_layouts = dict(outputs)
+    given_layouts = {output_layouts[name] for name in given if name in output_layouts}
+    guesses = {
+        name: count
+        for name, count in (suggested or {}).items()
+        if output_layouts[name] not in given_layouts
+    }
+    from_file = {
+        name: count
+        for name, count in {**guesses, **recorded}.items()
+        if output_layouts[name] not in input_layouts
+    }
+    return {**from_file, **given}
+
+
 def output_sizes(
     model: str,
     inputs: Sequence[tuple[str, str]],

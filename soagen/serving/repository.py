@@ -43,7 +43,13 @@ from soagen.dsl.loader import load
 from soagen.generator.pyformat import comment_text
 from soagen.generator.python import generate
 from soagen.runtime.spec import declared_index_bounds
-from soagen.serving.events import recorded_sizes_problem, writes_over_inputs
+from soagen.serving.events import (
+    OutputSizeError,
+    recorded_sizes_problem,
+    sizes_with_file_counts,
+    writes_over_inputs,
+)
+from soagen.serving.events import output_sizes as events_output_sizes
 from soagen.serving.model_config import (
     RUNTIMES,
     ModelConfig,
@@ -174,11 +180,14 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
             (*model.inputs, *model.outputs), (*planned.inputs, *planned.outputs), strict=True
         )
     }
-    sizes = (
-        output_sizes(schema, model.name, request.output_sizes, schema_path=schema_path)
-        if request.backend == "python"
-        else {}
-    )
+    sizes: dict[str, dict[str, object]] = {}
+    if request.backend == "python":
+        try:
+            sizes = output_sizes(schema, model.name, request.output_sizes, schema_path=schema_path)
+        except TritonError:
+            if runtime != "aot":
+                raise
+            # A package may record what is missing: decided once it is there (`_build`).
     if request.backend != "python" and request.output_sizes:
         raise TritonError(
             f"--output-size is for --backend python: the {request.backend} backend returns what "
@@ -195,7 +204,8 @@ def write_model(request: Request, progress: Progress | None = None) -> Written:
         version = staging / str(request.version)
         version.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="soagen-triton-") as workdir:
-            built = _build(request, runtime, names, sizes, Path(workdir), version, report)
+            built = _build(request, runtime, names, Path(workdir), version, report)
+        sizes = built.output_sizes if built.output_sizes is not None else sizes
         config = build_config(
             schema,
             model.name,
@@ -330,19 +340,20 @@ class _Built:
     factory: dict[str, str] | None
     index_bounds: dict[str, str]
     forward_names: tuple[str, ...] | None
+    # The Python backend's output sizes where a package's record has a say (`_sizes_for_package`).
+    output_sizes: dict[str, dict[str, object]] | None = None
 
 
 def _build(
     request: Request,
     runtime: str,
     names: Mapping[str, str],
-    sizes: Mapping[str, Mapping[str, object]],
     workdir: Path,
     version: Path,
     report: Progress,
 ) -> _Built:
-    """The model file(s) in the version folder; needs torch. `sizes`: the Python backend's
-    output sizes, which a package that writes its outputs must have been exported with."""
+    """The model file(s) in the version folder; needs torch. For the Python backend and a
+    package, also the output sizes its model.py allocates (`_sizes_for_package`)."""
     try:
         import torch  # noqa: F401  (imported here to say so where it is missing)
     except ModuleNotFoundError:
@@ -362,8 +373,10 @@ def _build(
                 return _from_onnx(request, binding, layouts, names, version, report)
             build = _from_package if request.factory is None else _from_factory
             built = build(request, runtime, binding, layouts, version, report)
-            if built.runtime == "aot" and built.model_file is not None and sizes:
-                _check_recorded_sizes(binding, version / built.model_file, sizes)
+            if request.backend == "python" and built.runtime == "aot" and built.model_file:
+                package = version / built.model_file
+                sizes = _sizes_for_package(binding, package, request.output_sizes)
+                return replace(built, output_sizes=sizes)
             return built
     finally:
         forget_generated_modules(binding)
@@ -426,19 +439,27 @@ def _check_writes_apart(binding: type[ModelBinding], writes_outputs: bool) -> No
         raise TritonError(f"{problem}; use a package that returns its outputs", usage=True)
 
 
-def _check_recorded_sizes(
-    binding: type[ModelBinding], package: Path, sizes: Mapping[str, Mapping[str, object]]
-) -> None:
-    """model.py allocates the output collections a package that writes its outputs stores into:
-    with other counts than the package was exported with, it would refuse every event."""
+def _sizes_for_package(
+    binding: type[ModelBinding], package: Path, given: Mapping[str, str]
+) -> dict[str, dict[str, object]]:
+    """The output sizes model.py allocates for a package: `--output-size`, else what a package
+    that writes its outputs recorded (`AotBackend.output_counts`), else the schema's rule; a
+    given size that contradicts the record would fail every event, and is refused now."""
     from soagen.runtime.aot import AotBackend
     from soagen.runtime.model import same_n_groups
 
     inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
+    outputs = [(spec.name, spec.block.layout) for spec in binding.OUTPUTS]
     recorded = AotBackend(package, binding).output_counts
+    try:
+        merged = sizes_with_file_counts(inputs, outputs, given, recorded)
+        sizes = events_output_sizes(binding.NAME, inputs, outputs, merged)
+    except OutputSizeError as error:
+        raise TritonError(str(error), usage=True) from None
     problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(binding))
     if problem is not None:
         raise TritonError(f"--output-size: {problem}", usage=True)
+    return sizes
 
 
 def _check_reads_only(written: Sequence[str], source: str) -> None:

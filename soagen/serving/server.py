@@ -69,6 +69,7 @@ from soagen.serving.events import (
     OutputSizeError,
     output_sizes,
     recorded_sizes_problem,
+    sizes_with_file_counts,
     writes_over_inputs,
 )
 from soagen.serving.wire import (
@@ -346,26 +347,13 @@ def _output_sizes(
             raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
     inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
     outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
-    input_layouts = set(dict(inputs).values())
-    # The model file's counts size outputs of their own layout where nothing is given.
     recorded = backend.output_counts
-    output_layouts = dict(outputs)
-    # A size given for one output of a layout overrides the file's guesses for all of them: the
-    # outputs of a layout share its collection.
-    given_layouts = {output_layouts[name] for name in given if name in output_layouts}
-    suggested = {
-        name: count
-        for name, count in backend.suggested_output_counts.items()
-        if output_layouts[name] not in given_layouts
-    }
-    from_file = {
-        name: count
-        for name, count in {**suggested, **recorded}.items()
-        if output_layouts[name] not in input_layouts
-    }
+    texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
+    merged = sizes_with_file_counts(
+        inputs, outputs, texts, recorded, backend.suggested_output_counts
+    )
     try:
-        texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
-        sizes = output_sizes(cls.NAME, inputs, outputs, {**from_file, **texts})
+        sizes = output_sizes(cls.NAME, inputs, outputs, merged)
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
     from soagen.runtime.model import same_n_groups

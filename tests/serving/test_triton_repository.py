@@ -893,6 +893,48 @@ def test_a_package_that_writes_a_fixed_count_output_refuses_another_count(tmp_pa
     assert status == 2, stderr
     assert "'total' would get as many elements as 'points' per event" in stderr
     assert "exported with 1 elements" in stderr and not (tmp_path / "other" / "Scaled").exists()
+    # Given nothing, model.py allocates what the package recorded, not the one input layout's n.
+    status, _, stderr = run_cli(
+        "triton", str(schema), "--model", "Scaled", "--package", str(out / "Scaled" / "1" / "model.pt2"),
+        "-o", str(tmp_path / "recorded"),
+    )  # fmt: skip
+    assert status == 0, stderr
+    with _triton_model(tmp_path / "recorded" / "Scaled") as model:
+        (response,) = model.execute([request])
+    assert response.error is None, response.error
+    torch.testing.assert_close(
+        torch.as_tensor(response.tensors["total"]), (points.sum(1) * 2).sum()[None, None]
+    )
+
+
+def test_python_model_sizes_outputs_as_a_writing_package_recorded(tmp_path: Path) -> None:
+    """The GNN built with --write-outputs (inputs of two layouts, EdgeScores a layout of its
+    own): with no --output-size, model.py allocates as many scores as the package recorded (one
+    per edge), and answers what the model computes; a size that contradicts it is refused."""
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "repo"
+    status, _, stderr = run_cli(
+        "triton", str(GNN), "--model", "EdgeClassifier", "--factory", FACTORY, "--runtime", "aot",
+        "--write-outputs", "-o", str(out),
+    )  # fmt: skip
+    assert status == 0, stderr
+    (written,) = json.loads((out / "EdgeClassifier" / "1" / "soagen_model.json").read_text())[
+        "outputs"
+    ]
+    assert written["size"] == {"input": "edge_index"}
+    with _triton_model(out / "EdgeClassifier") as model:
+        requests = [_gnn_request(50, 200, 1), _gnn_request(3, 1, 2)]
+        for request, response in zip(requests, model.execute(requests), strict=True):
+            assert response.error is None, response.error
+            got = torch.as_tensor(response.tensors["edge_scores"])
+            torch.testing.assert_close(got[0], _expected(request), rtol=1e-4, atol=1e-5)
+    status, _, stderr = run_cli(
+        "triton", str(GNN), "--model", "EdgeClassifier",
+        "--package", str(out / "EdgeClassifier" / "1" / "model.pt2"),
+        "--output-size", "edge_scores=node_features", "-o", str(tmp_path / "other"),
+    )  # fmt: skip
+    assert status == 2, stderr
+    assert "exported with as many elements as 'edge_index'" in stderr
 
 
 def test_a_writing_package_cannot_overwrite_its_inputs_in_the_python_backend(
