@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from soagen.runtime.model import indices_outside, shared_members
+from soagen.runtime.model import indices_outside, same_n_groups, shared_members
 from soagen.runtime.spec import BindingSpec
 from soagen.serving.wire import dims_match
 
@@ -36,6 +36,10 @@ class EventError(ValueError):
 
 class OutputSizeError(ValueError):
     """Nothing, or something wrong, says how many elements an output's collection gets."""
+
+
+class RecordedSizeError(OutputSizeError):
+    """A size given contradicts the count the model file fixed (`recorded_sizes_problem`)."""
 
 
 def _count_or_layout(size: Mapping[str, object], layouts: Mapping[str, str]) -> int | str:
@@ -56,23 +60,43 @@ def _described(size: Mapping[str, object]) -> str:
     return f"as many elements as its {size['layout']} collection"
 
 
-def sizes_with_file_counts(
+def binding_output_sizes(
+    binding: type[ModelBinding],
+    given: Mapping[str, str],
+    recorded: Mapping[str, str],
+    suggested: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, object]]:
+    """`output_sizes` for a binding whose model file may say: `given` (`--output-size`) first,
+    then the file's fixed counts (`Backend.output_counts`), then its guesses
+    (`Backend.suggested_output_counts`). OutputSizeError where that leaves an output unsized or
+    two outputs of a collection apart; RecordedSizeError where a given size contradicts a fixed
+    count, which would fail every event."""
+    inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
+    outputs = [(spec.name, spec.block.layout) for spec in binding.OUTPUTS]
+    merged = _with_file_counts(inputs, outputs, given, recorded, suggested or {})
+    sizes = output_sizes(binding.NAME, inputs, outputs, merged)
+    problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(binding))
+    if problem is not None:
+        raise RecordedSizeError(problem)
+    return sizes
+
+
+def _with_file_counts(
     inputs: Sequence[tuple[str, str]],
     outputs: Sequence[tuple[str, str]],
     given: Mapping[str, str],
     recorded: Mapping[str, str],
-    suggested: Mapping[str, str] | None = None,
+    suggested: Mapping[str, str],
 ) -> dict[str, str]:
-    """The sizes `output_sizes` takes where the model file may say: `given` (`--output-size`)
-    first, then the file's fixed counts (`Backend.output_counts`), then its guesses
-    (`Backend.suggested_output_counts`), for outputs of a layout of their own. A size given for
-    one output of a layout outranks the guesses for all of them: they share its collection."""
+    """`given` over the file's fixed counts over its guesses, for outputs of a layout of their
+    own. A size given for one output of a layout outranks the guesses for all of them: they
+    share its collection."""
     input_layouts = {layout for _, layout in inputs}
     output_layouts = dict(outputs)
     given_layouts = {output_layouts[name] for name in given if name in output_layouts}
     guesses = {
         name: count
-        for name, count in (suggested or {}).items()
+        for name, count in suggested.items()
         if output_layouts[name] not in given_layouts
     }
     from_file = {

@@ -45,11 +45,10 @@ from soagen.generator.python import generate
 from soagen.runtime.spec import declared_index_bounds
 from soagen.serving.events import (
     OutputSizeError,
-    recorded_sizes_problem,
-    sizes_with_file_counts,
+    RecordedSizeError,
+    binding_output_sizes,
     writes_over_inputs,
 )
-from soagen.serving.events import output_sizes as events_output_sizes
 from soagen.serving.model_config import (
     RUNTIMES,
     ModelConfig,
@@ -446,20 +445,13 @@ def _sizes_for_package(
     that writes its outputs recorded (`AotBackend.output_counts`), else the schema's rule; a
     given size that contradicts the record would fail every event, and is refused now."""
     from soagen.runtime.aot import AotBackend
-    from soagen.runtime.model import same_n_groups
 
-    inputs = [(spec.name, spec.block.layout) for spec in binding.INPUTS]
-    outputs = [(spec.name, spec.block.layout) for spec in binding.OUTPUTS]
-    recorded = AotBackend(package, binding).output_counts
     try:
-        merged = sizes_with_file_counts(inputs, outputs, given, recorded)
-        sizes = events_output_sizes(binding.NAME, inputs, outputs, merged)
+        return binding_output_sizes(binding, given, AotBackend(package, binding).output_counts)
+    except RecordedSizeError as error:
+        raise TritonError(f"--output-size: {error}", usage=True) from None
     except OutputSizeError as error:
         raise TritonError(str(error), usage=True) from None
-    problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(binding))
-    if problem is not None:
-        raise TritonError(f"--output-size: {problem}", usage=True)
-    return sizes
 
 
 def _check_reads_only(written: Sequence[str], source: str) -> None:

@@ -67,9 +67,8 @@ from soagen.serving.events import (
     EventInput,
     EventLoader,
     OutputSizeError,
-    output_sizes,
-    recorded_sizes_problem,
-    sizes_with_file_counts,
+    RecordedSizeError,
+    binding_output_sizes,
     writes_over_inputs,
 )
 from soagen.serving.wire import (
@@ -345,23 +344,15 @@ def _output_sizes(
         problem = writes_over_inputs(cls)
         if problem is not None:
             raise ServeError(f"{problem}; serve a package that returns its outputs", usage=True)
-    inputs = [(spec.name, spec.block.layout) for spec in cls.INPUTS]
-    outputs = [(spec.name, spec.block.layout) for spec in cls.OUTPUTS]
-    recorded = backend.output_counts
     texts = {name: str(size) for name, size in given.items()}  # the Python API's ints
-    merged = sizes_with_file_counts(
-        inputs, outputs, texts, recorded, backend.suggested_output_counts
-    )
     try:
-        sizes = output_sizes(cls.NAME, inputs, outputs, merged)
+        return binding_output_sizes(
+            cls, texts, backend.output_counts, backend.suggested_output_counts
+        )
+    except RecordedSizeError as error:
+        raise ServeError(f"{error} ({backend.description})", usage=True) from None
     except OutputSizeError as error:
         raise ServeError(str(error), usage=True) from None
-    from soagen.runtime.model import same_n_groups
-
-    problem = recorded_sizes_problem(sizes, recorded, inputs, same_n_groups(cls))
-    if problem is not None:
-        raise ServeError(f"{problem} ({backend.description})", usage=True)
-    return sizes
 
 
 def _output_problem(
