@@ -90,7 +90,7 @@ from soagen.runtime import (  # noqa: E402
     set_cpu_threads,
     set_malloc_tuning,
 )
-from soagen.runtime.buffers import copy_values  # noqa: E402
+from soagen.runtime.buffers import block_writer  # noqa: E402
 from soagen.runtime.spec import declared_index_bounds  # noqa: E402
 
 MLP_SCHEMA = REPO / "benchmarks" / "schemas" / "mlp.soa"
@@ -569,12 +569,12 @@ def mlp_case(n: int, device: str, tools: Tools) -> Case:
     null = module.HitMlp(NullModel(null_result[:2].clone()))
     tiny_out = module.HitScores.allocate(2, device=device)
     null_output(case, tiny_out, "scores")
-    score_block = scores.block("scores")
+    write_scores = block_writer(scores.block("scores"))  # as a call plan writes them
     case.overhead = {
         # What a call hands the model: the block with a version counter of its own.
         "soagen input views": lambda: hits._block_with_own_version("features"),
         NULL_CALL: lambda: null(hits, out=tiny_out),
-        "soagen write-back": lambda: copy_values(score_block, null_result),
+        "soagen write-back": lambda: write_scores(null_result),
         "naive torch.stack gather": lambda: torch.stack(columns, dim=1).to(device),
         "naive np.stack gather": gather_numpy,
         "naive torch.tensor gather": gather_tensor,
@@ -739,13 +739,13 @@ def gnn_case(n: int, device: str, tools: Tools) -> Case:
     null_checked = module.EdgeClassifier(NullModel(null_result[:2].clone()))
     tiny_out = module.EdgeScores.allocate(2, device=device)
     null_output(case, tiny_out, "edge_scores")
-    score_block = scores.block("edge_scores")
+    write_scores = block_writer(scores.block("edge_scores"))  # as a call plan writes them
     blocks = [(nodes, "node_features"), (edges, "edge_index"), (edges, "edge_features")]
     case.overhead = {
         "soagen input views": lambda: [c._block_with_own_version(name) for c, name in blocks],
         NULL_CALL: lambda: null(nodes, edges, out=tiny_out),
         INDEX_CHECKED: lambda: null_checked(nodes, edges, out=tiny_out),
-        "soagen write-back": lambda: copy_values(score_block, null_result),
+        "soagen write-back": lambda: write_scores(null_result),
         "naive torch.stack gather": gather_torch,
         "naive np.stack gather": gather_numpy,
         "naive torch.tensor gather": gather_tensor,
@@ -1115,6 +1115,7 @@ def aot_call_parts(
     (plan,) = model._plans.values()
     collections = tuple(ref() for ref in plan.collections)
     result = runner(views)[0].clone()
+    write_back = block_writer(targets[0])
     call = case.paths["soagen aot"]
 
     def first_call() -> None:
@@ -1126,10 +1127,8 @@ def aot_call_parts(
     parts: dict[str, Callable[[], object]] = {
         "aot, the first call of its collections": first_call,
         "aot from the call plan": lambda: model._run_plan(plan, collections),
-        "aot from the input views": lambda: model._run_on_views(
-            plan.views, plan.runner, plan.targets, plan.signatures
-        ),
-        "aot write-back alone": lambda: copy_values(targets[0], result),
+        "aot from the input views": lambda: plan.model_call(plan.views),
+        "aot write-back alone": lambda: write_back(result),
     }
     for name in parts:
         case.readers[name] = case.readers["soagen aot"]

@@ -152,7 +152,15 @@ class EagerBackend(Backend):
         self.module = _for_inference(module)
 
     def place(self, device: torch.device) -> Runner:
-        return _in_eval_mode(self.module, _positional(_module_on(self.module, device)))
+        module, placed = self.module, _module_on(self.module, device)
+
+        # `_in_eval_mode` and `_positional` in one frame: the runner of every eager call.
+        def run(inputs: Sequence[torch.Tensor]) -> object:
+            if module.training:
+                raise _in_training_mode(module)
+            return placed(*inputs)
+
+        return run
 
 
 class TorchScriptBackend(Backend):
@@ -533,14 +541,18 @@ def _in_eval_mode(module: torch.nn.Module, run: Runner) -> Runner:
 
     def run_in_eval_mode(inputs: Sequence[torch.Tensor]) -> object:
         if module.training:
-            raise ModelLoadError(
-                f"{type(module).__name__} is in training mode (.train() was called after it was "
-                f"bound), where dropout and batch norms change its results; call .eval() on it "
-                f"before running it through soagen"
-            )
+            raise _in_training_mode(module)
         return run(inputs)
 
     return run_in_eval_mode
+
+
+def _in_training_mode(module: torch.nn.Module) -> ModelLoadError:
+    return ModelLoadError(
+        f"{type(module).__name__} is in training mode (.train() was called after it was bound), "
+        f"where dropout and batch norms change its results; call .eval() on it before running it "
+        f"through soagen"
+    )
 
 
 def _positional(module: Callable[..., object]) -> Runner:

@@ -18,8 +18,11 @@ asks for a read-only collection.
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
+import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +45,9 @@ from soagen.runtime.errors import (
     ReadOnlyBufferError,
     UnsupportedBufferError,
 )
+
+if typing.TYPE_CHECKING:
+    from soagen.runtime._blocks import BlockWriter
 
 DeviceLike = str | torch.device
 
@@ -187,6 +193,19 @@ def typed_view(buffer: torch.Tensor, dtype: str) -> torch.Tensor:
         # which an aligned buffer inside a storage that starts off-alignment (a memoryview slice, say)
         # breaks. Re-import the same memory through DLPack: the new storage starts at the buffer.
         return torch.utils.dlpack.from_dlpack(buffer).view(target)
+
+
+# The compiled write-back (`soagen/runtime/_blocks.c`), where the install built it.
+def _load_block_writer_type() -> type[BlockWriter] | None:
+    try:
+        from soagen.runtime._blocks import BlockWriter, set_torch
+    except ImportError:
+        return None
+    set_torch(torch.Tensor, torch._C._increment_version)
+    return BlockWriter
+
+
+_BlockWriter = _load_block_writer_type()
 
 
 # ATen copies a CPU matrix whose transpose is contiguous through square tiles once it holds this
@@ -345,6 +364,41 @@ def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:
         return
     for start in range(0, rows, step):
         target[start : start + step].copy_(source[start : start + step])
+
+
+def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
+    """`copy_values(target, source)` as a function of the source, made once for an output block
+    that takes many results, each of the block's shape, dtype and device (the caller checks them).
+    Below `_STRIDED_COPY_MIN` values, a CPU block of one or two axes is written by the compiled
+    loop of `soagen.runtime._blocks` where it was built (1-2 us less than copy_ at a thousand
+    rows, once a model has run), else by its own `copy_`, a call with no Python frame."""
+    count, dims, on_cpu = target.numel(), target.dim(), target.device.type == "cpu"
+    small = count < _STRIDED_COPY_MIN
+    if (
+        small
+        and _BlockWriter is not None
+        and count > 0
+        and dims in (1, 2)
+        and on_cpu
+        and type(target) is torch.Tensor
+        and target.dtype != torch.bool  # copy_ makes any nonzero byte 1
+        and not target.is_quantized
+    ):
+        rows, columns = target.shape if dims == 2 else (count, 1)
+        row_stride, column_stride = target.stride() if dims == 2 else (target.stride(0), 0)
+        return _BlockWriter(
+            target,
+            dims,
+            rows,
+            columns,
+            target.element_size(),
+            row_stride,
+            column_stride,
+            target.is_complex(),
+        )
+    if small or not on_cpu:
+        return target.copy_
+    return functools.partial(copy_values, target)
 
 
 def contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:

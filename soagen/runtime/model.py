@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 import threading
 import types
 import typing
@@ -77,11 +78,8 @@ class _CallPlan:
         "in_inference_mode",
         "index_checks",
         "key",
+        "model_call",
         "model_index_checks",
-        "returns_results",
-        "runner",
-        "signatures",
-        "targets",
         "views",
     )
 
@@ -89,19 +87,15 @@ class _CallPlan:
         self,
         key: tuple[int, ...],
         collections: tuple[weakref.ref[Collection], ...],
-        runner: Runner | None,
         views: list[torch.Tensor],
         in_inference_mode: bool | None,
-        targets: list[torch.Tensor] | None,
-        signatures: list[_Signature],
         index_checks: tuple[_IndexCheck, ...],
         model_index_checks: tuple[_IndexCheck, ...],
+        model_call: _ModelCall | None,
         call: typing.Callable[[], object] | None,
-        returns_results: bool,
     ) -> None:
         self.key = key
         self.collections = collections  # weak: the plan leaves with the first one collected
-        self.runner = runner
         # The input views handed to the model every call. Where the backend moves version
         # counters (models run by ATen from Python), each has a counter of its own, and any write
         # through it, its shape changed in place included, moves it and drops the plan.
@@ -109,23 +103,22 @@ class _CallPlan:
         # Whether those views were made in inference mode (None: plain views, for backends that
         # move no counters).
         self.in_inference_mode = in_inference_mode
-        self.targets = targets  # the output blocks; None when every output is empty
-        self.signatures = signatures  # each target's (shape, dtype, device)
         self.index_checks = index_checks  # run before each call
         # Those the model runs itself (`Backend.index_ranges_checked`): run here only after it
         # failed, to name the values.
         self.model_index_checks = model_index_checks
-        # The model's run as one bound call of the runner, where nothing else is left to do
-        # before it: no index check, no version counter, no inference mode, no contiguous copy
-        # (packages, ONNX Runtime). After it, where the backend returns its results
-        # (`returns_results`), their check and write-back; a package built with --write-outputs
-        # has written them.
+        # The model's run on the views, its results checked and written (`_model_call`).
+        self.model_call = model_call
+        # The whole call as one function where nothing is left to do before the model: no index
+        # check, no version counter, no inference mode (packages, ONNX Runtime, a CUDA graph's
+        # replay, a call with every output empty); else None.
         self.call = call
-        self.returns_results = returns_results
 
 
 # (input position, its name, the bound input's name, that input's size)
 _IndexCheck = tuple[int, str, str, int]
+# A model's run on its input views, in schema order, returning its results in schema order.
+_ModelCall = typing.Callable[[Sequence["torch.Tensor"]], list["torch.Tensor"]]
 
 
 class ModelBinding:
@@ -629,31 +622,32 @@ class ModelBinding:
         # Not placed for a call with nothing to compute: it never reaches the model. The model's
         # arguments are these views (and output blocks) at every call, but for contiguous copies,
         # made anew per call: a backend may check them once now.
-        runner = None
-        call = None
-        if targets is not None and self.contiguous and not self._backend.adapts_inputs:
-            runner = self._backend.on(device)
-        elif targets is not None:
-            arguments = [*views, *targets] if self._backend.writes_outputs else views
-            runner = self._backend.on_fixed_inputs(device, arguments)
-            if not (
-                checks or self._backend.moves_version_counters or self._backend.records_autograd
-            ):
-                call = functools.partial(runner, arguments)
+        backend = self._backend
+        model_call = None
+        call: typing.Callable[[], object] | None = _nothing
+        if targets is not None:
+            copies = bool(self.contiguous) and not backend.adapts_inputs
+            arguments = [*views, *targets] if backend.writes_outputs else views
+            runner = backend.on(device) if copies else backend.on_fixed_inputs(device, arguments)
+            model_call = self._model_call(runner, targets, repeated=True)
+            call = None
+            if not (checks or backend.moves_version_counters or backend.records_autograd):
+                call = (
+                    functools.partial(runner, arguments)
+                    if backend.writes_outputs and not copies
+                    else functools.partial(model_call, views)
+                )
         plan = _CallPlan(
             key=key,
             collections=self._plan_references(key, collections),
-            runner=runner,
             views=views,
             in_inference_mode=(
-                torch.is_inference_mode_enabled() if self._backend.moves_version_counters else None
+                torch.is_inference_mode_enabled() if backend.moves_version_counters else None
             ),
-            targets=targets,
-            signatures=_signatures(targets),
             index_checks=tuple(checks),
             model_index_checks=tuple(model_checks),
+            model_call=model_call,
             call=call,
-            returns_results=not self._backend.writes_outputs,
         )
         return self._keep_plan(plan)
 
@@ -672,16 +666,15 @@ class ModelBinding:
             _CallPlan(
                 key=key,
                 collections=references,
-                runner=None,
                 views=[],
                 in_inference_mode=None,
-                targets=None,
-                signatures=[],
                 index_checks=(),
                 model_index_checks=(),
-                # None for a call with nothing to compute, which never reaches a graph.
-                call=graphs.planned_call(references, device) if _any_elements(outputs) else None,
-                returns_results=False,
+                model_call=None,
+                # A call with nothing to compute never reaches a graph.
+                call=graphs.planned_call(references, device)
+                if _any_elements(outputs)
+                else _nothing,
             )
         )
 
@@ -710,33 +703,24 @@ class ModelBinding:
     def _run_plan(self, plan: _CallPlan, collections: tuple[Collection, ...]) -> None:
         """A call whose checks its plan made: views, index ranges, the model, the write-back;
         `collections`, the plan's, inputs then outputs in schema order."""
-        call = plan.call
-        if call is not None:
-            try:
-                result = call()
-                if plan.returns_results:
-                    self._finish(result, plan.views, (), plan.targets, plan.signatures)
-            except BaseException as error:
-                self._failed_plan(plan, error)
-                raise
-            return
-        targets, runner = plan.targets, plan.runner
-        if targets is None or runner is None:
-            return  # every output empty
-        views, in_inference_mode = plan.views, plan.in_inference_mode
-        if (
-            in_inference_mode is not None
-            and in_inference_mode != (_torch or _load_torch()).is_inference_mode_enabled()
-        ):
-            # Views made inside inference mode share their buffer's version counter, and those
-            # made outside it have their own (`Collection._block_with_own_version`): a call in the
-            # other mode gets its own, as a call without a plan would.
-            inputs = collections[: len(self._input_names)]
-            views = self._input_views(dict(zip(self._input_names, inputs, strict=True)))
         try:
+            call = plan.call
+            if call is not None:
+                call()
+                return
+            views, in_inference_mode = plan.views, plan.in_inference_mode
+            if (
+                in_inference_mode is not None
+                and in_inference_mode != (_torch or _load_torch()).is_inference_mode_enabled()
+            ):
+                # Views made inside inference mode share their buffer's version counter, and
+                # those made outside it have their own (`Collection._block_with_own_version`): a
+                # call in the other mode gets its own, as a call without a plan would.
+                inputs = collections[: len(self._input_names)]
+                views = self._input_views(dict(zip(self._input_names, inputs, strict=True)))
             for position, index_name, bound_name, size in plan.index_checks:
                 _check_index_range(type(self), index_name, views[position], bound_name, size)
-            self._run_on_views(views, runner, targets, plan.signatures)
+            typing.cast(_ModelCall, plan.model_call)(views)
         except BaseException as error:
             self._failed_plan(plan, error)
             raise
@@ -831,7 +815,7 @@ class ModelBinding:
         views = self._input_views(sources)
         if self.index_bounds:
             self._check_index_ranges(sources, views)
-        return self._run_on_views(views, self._backend.on(device), targets)
+        return self._model_call(self._backend.on(device), targets, repeated=False)(views)
 
     def _input_views(self, inputs: Mapping[str, Collection]) -> list[torch.Tensor]:
         """The views handed to the model, in schema order. Where the backend moves version
@@ -841,103 +825,124 @@ class ModelBinding:
             return [inputs[name].block(block) for name, block in self._input_blocks]
         return [inputs[name]._block_with_own_version(block) for name, block in self._input_blocks]
 
-    def _run_on_views(
-        self,
-        views: Sequence[torch.Tensor],
-        runner: Runner,
-        targets: Sequence[torch.Tensor] | None,
-        signatures: Sequence[_Signature] | None = None,
-    ) -> list[torch.Tensor]:
-        """Run the model on the input views (checked); see `_evaluate`. `signatures`: the
-        targets' (shape, dtype, device), where a call plan holds them."""
+    def _model_call(
+        self, runner: Runner, targets: Sequence[torch.Tensor] | None, *, repeated: bool
+    ) -> _ModelCall:
+        """The model's run on the input views (checked), as one function: contiguous copies where
+        asked, the model, its return value and its inputs' version counters checked, then each
+        output checked against its block in `targets` (the output blocks) and, once all fit,
+        written there. With `targets` None nothing is checked against blocks or written:
+        `soagen serve` sends the results to a client, which checks them against its own blocks.
+        A package built with --write-outputs writes into `targets` itself (its argument check
+        covers them) and needs them. A call plan makes it once (`repeated`), so that its calls
+        read nothing of the binding or its backend, and writes through writers made for its
+        blocks (`block_writer`); a call without a plan, through `copy_values`."""
         cls = type(self)
-        watched = self._backend.moves_version_counters
-        versions = [view._version for view in views] if watched else []
-        arguments = views
-        if self.contiguous and not self._backend.adapts_inputs:
+        backend = self._backend
+        writes_outputs = backend.writes_outputs
+        if writes_outputs and targets is None:
+            raise BindingError(
+                f"{cls.NAME}: {backend.description} writes its results into output blocks, and "
+                f"this call has none: give it output collections (`out=`, or "
+                f"`run(inputs, outputs)`)"
+            )
+        torch_module = _torch or _load_torch()
+        watched = backend.moves_version_counters
+        protect_inputs = self.protect_inputs
+        copied = None
+        if self.contiguous and not backend.adapts_inputs:
             from soagen.runtime.buffers import contiguous_copy
 
-            arguments = [
-                contiguous_copy(view) if spec.name in self.contiguous else view
-                for spec, view in zip(cls.INPUTS, views, strict=True)
-            ]
-        if self._backend.writes_outputs:
-            if targets is None:
-                raise BindingError(
-                    f"{cls.NAME}: {self._backend.description} writes its results into output "
-                    f"blocks, and this call has none: give it output collections (`out=`, or "
-                    f"`run(inputs, outputs)`)"
-                )
-            # The package checks the output blocks' geometry with the inputs' and writes them.
-            runner([*arguments, *targets])
-            if watched:
-                self._check_versions(views, versions)
-            return list(targets)
-        if self._backend.records_autograd:
-            # The guard `torch.inference_mode()` enters, without its Python wrapper, whose frames
-            # cost more than the guard once a large model has pushed this code out of the caches.
-            with (_torch or _load_torch())._C._InferenceMode(True):
-                result = runner(arguments)
-        else:
-            result = runner(arguments)
-        return self._finish(result, views, versions, targets, signatures)
+            copied = [spec.name in self.contiguous for spec in cls.INPUTS]
+        # The guard `torch.inference_mode()` enters, without its Python wrapper, whose frames
+        # cost more than the guard once a large model has pushed this code out of the caches.
+        guard = torch_module._C._InferenceMode if backend.records_autograd else None
+        tensor_type = torch_module.Tensor
+        single_output = len(cls.OUTPUTS) == 1
+        signatures = _signatures(targets)
+        buffers = _buffers or _load_buffers()
+        writers = [
+            buffers.block_writer(target)
+            if repeated
+            else functools.partial(buffers.copy_values, target)
+            for target in targets or ()
+        ]
 
-    def _finish(
-        self,
-        result: object,
-        views: Sequence[torch.Tensor],
-        versions: Sequence[int],
-        targets: Sequence[torch.Tensor] | None,
-        signatures: Sequence[_Signature] | None,
-    ) -> list[torch.Tensor]:
-        """Check the model's return value and its inputs' version counters, then write each
-        output into its block (`targets`), or none of them."""
-        results = outputs_in_schema_order(type(self), result)
-        if versions and [view._version for view in views] != versions:
-            self._check_versions(views, versions)
-        if targets is not None:
-            # One entry per output in each (`outputs_in_schema_order` checked the results'
-            # count), so positions pair them: zip's `strict=` alone costs a keyword parse.
-            expected = _signatures(targets) if signatures is None else signatures
-            for position, result_tensor in enumerate(results):
-                found = (result_tensor.shape, result_tensor.dtype, result_tensor.device)
-                if found != expected[position]:
-                    _check_outputs(type(self), results, targets)  # raises, naming the output
-            copy = _copy_values or _load_copy_values()
-            for position, target in enumerate(targets):
-                copy(target, results[position])
-        return results
-
-    def _check_versions(self, views: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
-        """Refuse a model that wrote into an input view (its version counter moved)."""
-        cls = type(self)
-        if [view._version for view in views] != versions and not self.protect_inputs:
-            # Each view has its own counter (`Collection._block_with_own_version`), except inside
-            # a caller's `torch.inference_mode()`, where views of one buffer share the buffer's:
-            # then every input bound to the written collection moved, and which one took the
-            # write is unknown.
-            moved = [
-                spec
-                for spec, view, version in zip(cls.INPUTS, views, versions, strict=True)
-                if view._version != version
-            ]
-            blocks = ", ".join(
-                f"{spec.name!r} ({spec.block.layout}{{{', '.join(spec.block.members)}}})"
-                for spec in moved
-            )
-            if len(moved) == 1:
-                which = f"its input {blocks}"
-            elif all(view._base is None for view in views):  # counters of their own
-                which = f"its inputs {blocks}"
+        def model_call(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            versions = list(map(_VERSION, views)) if watched else None
+            arguments = views
+            if copied is not None:
+                arguments = [
+                    contiguous_copy(view) if copy_it else view
+                    for copy_it, view in zip(copied, views, strict=True)
+                ]
+            if writes_outputs:
+                # The package checks the output blocks' geometry with the inputs' and writes them.
+                runner([*arguments, *typing.cast(Sequence["torch.Tensor"], targets)])
+                results = list(typing.cast(Sequence["torch.Tensor"], targets))
             else:
-                which = f"one of its inputs {blocks} (views of one buffer share a version counter)"
-            raise InputModifiedError(
-                f"{cls.NAME} wrote into {which}; that collection now holds modified data. "
-                f"Fix the model, or create the binding with protect_inputs=True to run it on copies"
-            )
+                if guard is None:
+                    result = runner(arguments)
+                else:
+                    with guard(True):
+                        result = runner(arguments)
+                # `outputs_in_schema_order`'s first case, without its frame.
+                if single_output and isinstance(result, tensor_type):
+                    results = [result]
+                else:
+                    results = outputs_in_schema_order(cls, result)
+            if versions is not None and list(map(_VERSION, views)) != versions:
+                _check_versions(cls, protect_inputs, views, versions)
+            if targets is not None and not writes_outputs:
+                if list(map(_SIGNATURE, results)) != signatures:
+                    _check_outputs(cls, results, targets)  # raises, naming the output
+                # One writer per result (their count is checked): zip's `strict=` alone costs a
+                # keyword parse.
+                for position, write in enumerate(writers):
+                    write(results[position])
+            return results
+
+        return model_call
 
 
 _Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
+
+
+def _nothing() -> None:
+    """The call of a plan whose outputs are all empty: nothing to compute."""
+
+
+def _check_versions(
+    cls: type[ModelBinding],
+    protect_inputs: bool,
+    views: Sequence[torch.Tensor],
+    versions: Sequence[int],
+) -> None:
+    """Refuse a model that wrote into an input view (its version counter moved)."""
+    if [view._version for view in views] != versions and not protect_inputs:
+        # Each view has its own counter (`Collection._block_with_own_version`), except inside
+        # a caller's `torch.inference_mode()`, where views of one buffer share the buffer's:
+        # then every input bound to the written collection moved, and which one took the
+        # write is unknown.
+        moved = [
+            spec
+            for spec, view, version in zip(cls.INPUTS, views, versions, strict=True)
+            if view._version != version
+        ]
+        blocks = ", ".join(
+            f"{spec.name!r} ({spec.block.layout}{{{', '.join(spec.block.members)}}})"
+            for spec in moved
+        )
+        if len(moved) == 1:
+            which = f"its input {blocks}"
+        elif all(view._base is None for view in views):  # counters of their own
+            which = f"its inputs {blocks}"
+        else:
+            which = f"one of its inputs {blocks} (views of one buffer share a version counter)"
+        raise InputModifiedError(
+            f"{cls.NAME} wrote into {which}; that collection now holds modified data. "
+            f"Fix the model, or create the binding with protect_inputs=True to run it on copies"
+        )
 
 
 def _any_elements(outputs: Mapping[str, Collection]) -> bool:
@@ -952,7 +957,12 @@ def _any_elements(outputs: Mapping[str, Collection]) -> bool:
 
 
 def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
-    return [(target.shape, target.dtype, target.device) for target in targets or ()]
+    return list(map(_SIGNATURE, targets or ()))
+
+
+# C-level getters for the per-call checks: a comprehension is a function call of its own.
+_VERSION = operator.attrgetter("_version")
+_SIGNATURE = operator.attrgetter("shape", "dtype", "device")
 
 
 # The torch module, bound at the first call that needs it: this module imports without torch, and
@@ -968,16 +978,16 @@ def _load_torch() -> types.ModuleType:
     return torch
 
 
-# `soagen.runtime.buffers.copy_values`, once imported (that module imports torch).
-_copy_values: typing.Callable[[torch.Tensor, torch.Tensor], None] | None = None
+# `soagen.runtime.buffers`, once imported (it imports torch).
+_buffers: types.ModuleType | None = None
 
 
-def _load_copy_values() -> typing.Callable[[torch.Tensor, torch.Tensor], None]:
-    global _copy_values
-    from soagen.runtime.buffers import copy_values
+def _load_buffers() -> types.ModuleType:
+    global _buffers
+    from soagen.runtime import buffers
 
-    _copy_values = copy_values
-    return copy_values
+    _buffers = buffers
+    return buffers
 
 
 def _described(collection: object) -> str:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from soagen.runtime import IndexRangeError, ModelLoadError, OutputError
+from soagen.runtime import IndexRangeError, ModelLoadError, OutputError, buffers
 from soagen.runtime.backends import file_kind
 from soagen.runtime.errors import BindingError
 from tests.helpers import REPO, assert_no_host_device_copies
@@ -623,6 +623,16 @@ def test_eager_call_copies_only_the_outputs(gnn) -> None:  # type: ignore[no-unt
         _run(model, gnn)
     names = [event.name for event in profile.events()]
     assert names.count("aten::copy_") == 1  # the one output block
+    # Collections called with again: their call plan writes the block through the compiled
+    # loop where the install built it (no ATen op), else through copy_.
+    _, nodes, edges, EdgeScores, _ = gnn
+    scores = EdgeScores.allocate(N_EDGES)
+    model(nodes, edges, out=scores)
+    model(nodes, edges, out=scores)  # makes their plan
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as planned:
+        model(nodes, edges, out=scores)
+    planned_names = [event.name for event in planned.events()]
+    assert planned_names.count("aten::copy_") == (0 if buffers._BlockWriter is not None else 1)
     for forbidden in (
         "aten::clone",
         "aten::contiguous",
@@ -630,7 +640,7 @@ def test_eager_call_copies_only_the_outputs(gnn) -> None:  # type: ignore[no-unt
         "aten::_to_copy",
         "aten::stack",
     ):
-        assert forbidden not in names
+        assert forbidden not in names and forbidden not in planned_names
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,236 @@
+"""The write-back of small results (`buffers.block_writer`): the compiled loop of
+`soagen/runtime/_blocks.c` where the install built it, else the block's own copy_. Either way every
+bit comes through as copy_ writes it, and what the loop does not copy itself goes to copy_."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from soagen.runtime import buffers
+
+compiled = pytest.mark.skipif(
+    buffers._BlockWriter is None, reason="soagen.runtime._blocks was not built by this install"
+)
+
+
+def _random_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Arbitrary bit patterns (NaN payloads, negative zeros, denormals), bools 0 or 1."""
+    generator = torch.Generator().manual_seed(seed)
+    count = 1
+    for size in shape:
+        count *= size
+    raw = torch.randint(0, 256, (count * dtype.itemsize,), dtype=torch.uint8, generator=generator)
+    if dtype == torch.bool:
+        raw %= 2
+    return raw.view(dtype).reshape(shape)
+
+
+def _block(n: int, columns: int | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """An output block as collections have them: columns of n values `pitch` apart, in a buffer
+    that holds bytes before and between them; returns (storage, block)."""
+    pitch = n + 13
+    storage = torch.zeros(3 + (columns or 1) * pitch, dtype=dtype)
+    if columns is None:
+        return storage, storage[3 : 3 + n]
+    return storage, storage[3:].as_strided((n, columns), (1, pitch))
+
+
+def _sources(n: int, columns: int | None, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What models return: row-major results, transposed ones, a slice past a storage offset, an
+    expanded row (stride 0)."""
+    shape = (n,) if columns is None else (n, columns)
+    row_major = _random_values(shape, dtype)
+    sources = {"row-major": row_major, "offset": _random_values((n + 5, *shape[1:]), dtype)[5:]}
+    if columns is not None:
+        sources["transposed"] = _random_values((columns, n), dtype, seed=1).t()
+        sources["expanded"] = _random_values((1, columns), dtype, seed=2).expand(n, columns)
+    else:
+        sources["strided"] = _random_values((2 * n,), dtype, seed=3)[::2]
+    return sources
+
+
+def _same_bits(first: torch.Tensor, second: torch.Tensor) -> bool:
+    return first.shape == second.shape and torch.equal(
+        first.clone(memory_format=torch.contiguous_format).view(torch.uint8),
+        second.clone(memory_format=torch.contiguous_format).view(torch.uint8),
+    )
+
+
+def _written_as_copy_writes(
+    write: Callable[[torch.Tensor, torch.Tensor], object],
+    n: int,
+    columns: int | None,
+    dtype: torch.dtype,
+    source: torch.Tensor,
+) -> None:
+    """`write(block, source)` leaves the block's buffer, bytes around the block included, exactly
+    as `copy_` leaves another such buffer, and moves the buffer's version counter; or raises what
+    copy_ raises."""
+    expected_storage, expected_block = _block(n, columns, dtype)
+    storage, block = _block(n, columns, dtype)
+    try:
+        expected_block.copy_(source)
+    except RuntimeError as refusal:
+        with pytest.raises(type(refusal), match=re.escape(str(refusal))):
+            write(block, source)
+        assert not storage.view(torch.uint8).any()
+        return
+    version = storage._version
+    write(block, source)
+    assert _same_bits(storage, expected_storage)
+    assert storage._version > version  # a backward pass through the old values is refused
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.float16,
+        torch.bfloat16,
+        torch.int32,
+        torch.float32,
+        torch.int64,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.bool,
+    ],
+)
+@pytest.mark.parametrize("columns", [None, 1, 2, 3], ids=["1-D", "c=1", "c=2", "c=3"])
+@pytest.mark.parametrize("n", [1, 1000])
+def test_every_bit_of_a_result_comes_through_as_copy_writes_it(
+    dtype: torch.dtype, columns: int | None, n: int
+) -> None:
+    for name, source in _sources(n, columns, dtype).items():
+        try:
+            _written_as_copy_writes(
+                lambda block, source: buffers.block_writer(block)(source), n, columns, dtype, source
+            )
+        except AssertionError as error:
+            raise AssertionError(f"source {name}: {error}") from error
+
+
+@compiled
+def test_small_cpu_blocks_get_the_compiled_writer_and_others_copy() -> None:
+    _, column = _block(1000, None, torch.float32)
+    _, pairs = _block(1000, 2, torch.float64)
+    assert isinstance(buffers.block_writer(column), buffers._BlockWriter)
+    assert isinstance(buffers.block_writer(pairs), buffers._BlockWriter)
+    # copy_ makes a bool's nonzero bytes 1, and three axes are not a block's columns.
+    _, flags = _block(1000, 2, torch.bool)
+    assert not isinstance(buffers.block_writer(flags), buffers._BlockWriter)
+    cube = torch.zeros(10, 3, 4)
+    assert not isinstance(buffers.block_writer(cube), buffers._BlockWriter)
+    # At `_STRIDED_COPY_MIN` values and above, `copy_values` and its large-block paths write.
+    _, large = _block(buffers._STRIDED_COPY_MIN, 1, torch.float32)
+    writer = buffers.block_writer(large)
+    assert not isinstance(writer, buffers._BlockWriter)
+    source = _random_values((buffers._STRIDED_COPY_MIN, 1), torch.float32)
+    writer(source)
+    assert _same_bits(large, source)
+
+
+@compiled
+def test_what_the_loop_cannot_copy_goes_to_copy_with_copys_result() -> None:
+    n = 100
+    # A negative view (a complex number's conjugated imaginary part) and a conjugate view hold
+    # other values than their bits: copy_ resolves them.
+    complex_values = _random_values((n, 2), torch.complex64).nan_to_num()
+    negative = complex_values.conj().imag
+    assert negative.is_neg()
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, negative
+    )
+    conjugate = complex_values.conj()
+    assert conjugate.is_conj()
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.complex64, conjugate
+    )
+
+    # A subclass (a traced or fake tensor) is copy_'s to handle.
+    class Marked(torch.Tensor):
+        pass
+
+    marked = torch.Tensor._make_subclass(Marked, _random_values((n, 2), torch.float32))
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, marked
+    )
+    # A sparse tensor has no strides: copy_ writes its values.
+    sparse = _random_values((n, 2), torch.float32).nan_to_num().to_sparse()
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, sparse
+    )
+
+
+@compiled
+def test_a_source_over_its_block_is_copy_s_to_handle() -> None:
+    # Memory shared with the block: a loop would read values it has already overwritten.
+    buffer = _random_values((400,), torch.float32)
+    block = buffer[:200].as_strided((100, 2), (1, 100))
+    shifted = buffer[50:250].as_strided((100, 2), (1, 100))
+    before = buffer.clone()
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        buffers.block_writer(block)(shifted)  # copy_ refuses partly shared memory
+    assert _same_bits(buffer, before)
+    buffers.block_writer(block)(block)  # the block itself: copy_ leaves it as it is
+    assert _same_bits(buffer, before)
+    # Apart, the last value of one next to the first of the other: the loop's.
+    apart = torch.zeros(2 * 100 + 200)
+    near_block = apart[:200].as_strided((100, 2), (1, 100))
+    near_source = apart[200:].view(100, 2)
+    near_source.copy_(_random_values((100, 2), torch.float32))
+    buffers.block_writer(near_block)(near_source)
+    assert _same_bits(near_block, near_source)
+
+
+def test_without_the_compiled_loop_blocks_are_written_by_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(buffers, "_BlockWriter", None)
+    _, block = _block(1000, 2, torch.float32)
+    writer = buffers.block_writer(block)
+    assert getattr(writer, "__self__", None) is block  # the block's own copy_
+    for source in _sources(1000, 2, torch.float32).values():
+        _written_as_copy_writes(
+            lambda block, source: buffers.block_writer(block)(source),
+            1000,
+            2,
+            torch.float32,
+            source,
+        )
+
+
+@compiled
+def test_a_block_writer_refuses_a_geometry_it_cannot_write() -> None:
+    block = torch.zeros(10)
+    for arguments, message in (
+        ((block, 3, 10, 1, 4, 1, 0, False), "dims 1"),
+        ((block, 1, 10, 2, 4, 1, 0, False), "dims 1"),
+        ((block, 1, 0, 1, 4, 1, 0, False), "at least one element"),
+        ((block, 2, 10, 2, 4, -1, 10, False), "not negative"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            buffers._BlockWriter(*arguments)
+    with pytest.raises(TypeError):
+        buffers._BlockWriter(block, 1, 10, 1, 4, 1, 0, False)(block, block)
+
+
+def test_the_compiled_loop_is_built_where_the_install_can_compile() -> None:
+    """An optional extension that fails to build leaves no error behind, only the slower path:
+    where a C compiler and CPython's headers are here, it must have been built."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    if not headers.is_file() or shutil.which(compiler.split()[0]) is None:
+        pytest.skip(f"no {headers} or no C compiler ({compiler}): the extension cannot build")
+    assert buffers._BlockWriter is not None, (
+        "soagen.runtime._blocks did not build: run `pip install -e .` and read its build_ext output"
+    )
