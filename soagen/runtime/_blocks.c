@@ -18,18 +18,25 @@
 
 /* Set once by `set_torch`: torch.Tensor (only plain tensors are copied here), and
  * torch._C._increment_version, which moves a tensor's version counter as copy_ would: autograd
- * then refuses a backward pass through values this write replaced. */
+ * then refuses a backward pass through values this write replaced. It takes a tuple of tensors
+ * since torch 2.5 (and iterates a tensor given alone), one tensor before. */
 static PyObject *tensor_type = NULL, *increment_version = NULL;
-static PyObject *name_data_ptr, *name_stride, *name_is_neg, *name_is_conj, *name_copy;
+static int increment_takes_tuple = 1;
+static PyObject *name_data_ptr, *name_stride, *name_is_neg, *name_is_conj, *name_copy, *name_shape,
+    *name_storage_offset, *name_dim, *name_element_size, *name_is_complex;
 
 static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyType_Check(args[0]) || !PyCallable_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "set_torch(torch.Tensor, torch._C._increment_version)");
+    int takes_tuple = nargs == 3 ? PyObject_IsTrue(args[2]) : -1;
+    if (takes_tuple < 0 || !PyType_Check(args[0]) || !PyCallable_Check(args[1])) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "set_torch(torch.Tensor, "
+                                             "torch._C._increment_version, takes_tuple)");
+        }
         return NULL;
     }
     Py_XSETREF(tensor_type, Py_NewRef(args[0]));
     Py_XSETREF(increment_version, Py_NewRef(args[1]));
+    increment_takes_tuple = takes_tuple;
     Py_RETURN_NONE;
 }
 
@@ -40,6 +47,26 @@ static int call_for_integer(PyObject *tensor, PyObject *name, long long *value) 
     *value = PyLong_AsLongLong(result);
     Py_DECREF(result);
     return (*value == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* `tensor.data_ptr()` as an address; -1 with an exception set on failure. */
+static int call_for_address(PyObject *tensor, char **address) {
+    PyObject *result = PyObject_CallMethodNoArgs(tensor, name_data_ptr);
+    if (result == NULL) return -1;
+    *address = (char *)PyLong_AsVoidPtr(result);
+    Py_DECREF(result);
+    return (*address == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* A tuple of `count` integers (a shape or strides) into `values`: 1, 0 where it is not such a
+ * tuple, -1 with an exception set. */
+static int read_integers(PyObject *tuple, long long count, long long values[2]) {
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != count) return 0;
+    for (Py_ssize_t axis = 0; axis < count; axis++) {
+        values[axis] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, axis));
+        if (values[axis] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 1;
 }
 
 /* Whether `tensor.name()` is false; -1 with an exception set on failure. */
@@ -54,38 +81,39 @@ static int is_false(PyObject *tensor, PyObject *name) {
 typedef struct {
     PyObject_HEAD
     PyObject *target;  /* the output block: a plain CPU tensor, held for its memory */
-    PyObject *targets; /* (target,): the argument of increment_version */
+    PyObject *targets; /* (target,), for increment_version */
     long long dims;    /* 1: [rows] (columns 1), 2: [rows, columns] */
     long long rows, columns, itemsize;
     long long strides[2];  /* the target's, in elements (0 for a missing second axis) */
     int is_complex;        /* whether a conjugate bit could change the values */
 } BlockWriter;
 
-/* The source's element strides, its address, and its neg and conj bits: 1 where the loop may
- * copy it, 0 where copy_ must, -1 with an exception set. */
+/* The source checked at the write itself, whatever Python code ran since the caller checked it:
+ * a plain tensor of the block's shape, with memory, without a neg or conj bit. Its element
+ * strides and address: 1 where the loop may copy it, 0 where copy_ must, -1 with an exception
+ * set. Torch keeps a tensor's shape, strides and offset inside its storage. */
 static int read_source(BlockWriter *self, PyObject *source, long long strides[2], char **address) {
     if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) return 0;
-    int plain = is_false(source, name_is_neg);
-    if (plain == 1 && self->is_complex) plain = is_false(source, name_is_conj);
-    if (plain != 1) return plain;
+    PyObject *shape = PyObject_GetAttr(source, name_shape);
+    if (shape == NULL) return -1;
+    long long sizes[2] = {0, 0};
+    int readable = read_integers(shape, self->dims, sizes);
+    Py_DECREF(shape);
+    if (readable != 1) return readable;
+    if (sizes[0] != self->rows || (self->dims == 2 && sizes[1] != self->columns)) return 0;
+    readable = is_false(source, name_is_neg);
+    if (readable == 1 && self->is_complex) readable = is_false(source, name_is_conj);
+    if (readable != 1) return readable;
     PyObject *stride = PyObject_CallMethodNoArgs(source, name_stride);
     if (stride == NULL) return -1;
-    if (!PyTuple_Check(stride) || PyTuple_GET_SIZE(stride) != self->dims) {
-        Py_DECREF(stride);
-        return 0;
-    }
-    for (Py_ssize_t axis = 0; axis < self->dims; axis++) {
-        strides[axis] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride, axis));
-        if (strides[axis] == -1 && PyErr_Occurred()) {
-            Py_DECREF(stride);
-            return -1;
-        }
-    }
+    readable = read_integers(stride, self->dims, strides);
     Py_DECREF(stride);
-    long long value;
-    if (call_for_integer(source, name_data_ptr, &value) < 0) return -1;
-    *address = (char *)(uintptr_t)value;
-    return value != 0;  /* no memory (a tensor of zeros without storage): copy_'s to handle */
+    if (readable != 1) return readable;
+    long long offset;
+    if (call_for_integer(source, name_storage_offset, &offset) < 0) return -1;
+    if (call_for_address(source, address) < 0) return -1;
+    /* No memory behind it (a tensor of zeros without storage, sliced or not): copy_'s. */
+    return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * self->itemsize);
 }
 
 /* The lowest and one past the highest byte that the writer's geometry reaches at `strides`. */
@@ -125,20 +153,24 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         if (kwargs != NULL) PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
         return NULL;
     }
+    if (self->target == NULL || self->targets == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockWriter: its block was cleared");
+        return NULL;
+    }
     long long source_strides[2] = {0, 0};
     char *source_address = NULL;
     int readable = read_source(self, source, source_strides, &source_address);
     if (readable < 0) {
-        /* A tensor that cannot say (a sparse or mkldnn one): copy_ says what it makes of it. */
+        /* A tensor that cannot say (a sparse or mkldnn one has no strides): copy_ says what it
+         * makes of it. Other errors (MemoryError, KeyboardInterrupt) are raised. */
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
         PyErr_Clear();
         readable = 0;
     }
     char *target_address = NULL;
     if (readable) {
         /* Read at every call: the block's storage is the collection's, whatever became of it. */
-        long long value;
-        if (call_for_integer(self->target, name_data_ptr, &value) < 0) return NULL;
-        target_address = (char *)(uintptr_t)value;
+        if (call_for_address(self->target, &target_address) < 0) return NULL;
         char *source_low, *source_high, *target_low, *target_high;
         extent(self, source_address, source_strides, &source_low, &source_high);
         extent(self, target_address, self->strides, &target_low, &target_high);
@@ -157,68 +189,104 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         case 16: COPY_AS(sixteen_bytes) break;
         default: return PyObject_CallMethodOneArg(self->target, name_copy, source);
     }
-    return PyObject_CallOneArg(increment_version, self->targets);
+    return PyObject_CallOneArg(increment_version,
+                               increment_takes_tuple ? self->targets : self->target);
 }
 
-/* BlockWriter(target, dims, rows, columns, itemsize, row_stride, column_stride, is_complex) */
+/* BlockWriter(target): its geometry read off the block, a plain CPU tensor of one or two axes
+ * holding at least one element, whose values lie apart (no stride 0), without a neg or conj bit
+ * (the caller checks the device). ValueError for any other. */
 static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *target;
-    long long dims, rows, columns, itemsize, row_stride, column_stride;
-    int is_complex;
-    static char *keywords[] = {"target", "dims", "rows", "columns", "itemsize", "row_stride",
-                               "column_stride", "is_complex", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLLLLLLp", keywords, &target, &dims, &rows,
-                                     &columns, &itemsize, &row_stride, &column_stride,
-                                     &is_complex)) {
+    static char *keywords[] = {"target", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", keywords, &target)) return NULL;
+    if (increment_version == NULL || Py_TYPE(target) != (PyTypeObject *)tensor_type) {
+        PyErr_SetString(PyExc_ValueError, "BlockWriter: the block is not a plain torch.Tensor "
+                                          "(or set_torch was not called)");
         return NULL;
     }
-    if ((dims != 1 && dims != 2) || (dims == 1 && (columns != 1 || column_stride != 0)) ||
-        rows < 1 || columns < 1 || row_stride < 0 || column_stride < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "BlockWriter: dims 1 ([rows]; columns 1, column_stride 0) or 2 ([rows, "
-                        "columns]), at least one element, strides not negative");
+    long long dims, itemsize, sizes[2] = {1, 1}, strides[2] = {0, 0};
+    if (call_for_integer(target, name_dim, &dims) < 0) return NULL;
+    if (dims != 1 && dims != 2) {
+        PyErr_SetString(PyExc_ValueError, "BlockWriter: the block has neither one axis nor two");
+        return NULL;
+    }
+    PyObject *shape = PyObject_GetAttr(target, name_shape);
+    if (shape == NULL) return NULL;
+    int read = read_integers(shape, dims, sizes);
+    Py_DECREF(shape);
+    PyObject *stride = read == 1 ? PyObject_CallMethodNoArgs(target, name_stride) : NULL;
+    if (stride != NULL) {
+        read = read_integers(stride, dims, strides);
+        Py_DECREF(stride);
+    } else if (read == 1) {
+        return NULL;
+    }
+    if (read < 0 || call_for_integer(target, name_element_size, &itemsize) < 0) return NULL;
+    int plain = read == 1 ? is_false(target, name_is_neg) : 0;
+    if (plain == 1) plain = is_false(target, name_is_conj);
+    if (plain < 0) return NULL;
+    int is_complex = is_false(target, name_is_complex);
+    if (is_complex < 0) return NULL;
+    is_complex = !is_complex;
+    if (!plain || sizes[0] < 1 || sizes[1] < 1 || strides[0] < 1 || (dims == 2 && strides[1] < 1)) {
+        PyErr_SetString(PyExc_ValueError, "BlockWriter: the block holds no element, has values "
+                                          "over each other, or a neg or conj bit");
         return NULL;
     }
     BlockWriter *self = (BlockWriter *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
+    self->target = Py_NewRef(target);
     self->targets = PyTuple_Pack(1, target);
     if (self->targets == NULL) {
         Py_DECREF(self);
         return NULL;
     }
-    self->target = Py_NewRef(target);
     self->dims = dims;
-    self->rows = rows;
-    self->columns = columns;
+    self->rows = sizes[0];
+    self->columns = sizes[1];
     self->itemsize = itemsize;
-    self->strides[0] = row_stride;
-    self->strides[1] = column_stride;
+    self->strides[0] = strides[0];
+    self->strides[1] = strides[1];
     self->is_complex = is_complex;
     return (PyObject *)self;
 }
 
+static int BlockWriter_traverse(BlockWriter *self, visitproc visit, void *arg) {
+    Py_VISIT(self->target);
+    Py_VISIT(self->targets);
+    return 0;
+}
+
+static int BlockWriter_clear(BlockWriter *self) {
+    Py_CLEAR(self->target);
+    Py_CLEAR(self->targets);
+    return 0;
+}
+
 static void BlockWriter_dealloc(BlockWriter *self) {
-    Py_XDECREF(self->target);
-    Py_XDECREF(self->targets);
+    PyObject_GC_UnTrack(self);
+    BlockWriter_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyTypeObject BlockWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "soagen.runtime._blocks.BlockWriter",
-    .tp_doc = "BlockWriter(target, dims, rows, columns, itemsize, row_stride, column_stride, "
-              "is_complex): called with a source tensor of the block's shape, dtype and device, "
-              "writes it into the block.",
+    .tp_doc = "BlockWriter(target): called with a source tensor of the block's shape, dtype and "
+              "device, writes it into the block (a plain CPU tensor of one or two axes).",
     .tp_basicsize = sizeof(BlockWriter),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = BlockWriter_new,
+    .tp_traverse = (traverseproc)BlockWriter_traverse,
+    .tp_clear = (inquiry)BlockWriter_clear,
     .tp_dealloc = (destructor)BlockWriter_dealloc,
     .tp_call = (ternaryfunc)BlockWriter_call,
 };
 
 static PyMethodDef methods[] = {
     {"set_torch", (PyCFunction)(void (*)(void))set_torch, METH_FASTCALL,
-     "set_torch(torch.Tensor, torch._C._increment_version)"},
+     "set_torch(torch.Tensor, torch._C._increment_version, takes_tuple)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -234,7 +302,16 @@ PyMODINIT_FUNC PyInit__blocks(void) {
     name_is_neg = PyUnicode_InternFromString("is_neg");
     name_is_conj = PyUnicode_InternFromString("is_conj");
     name_copy = PyUnicode_InternFromString("copy_");
-    if (!name_data_ptr || !name_stride || !name_is_neg || !name_is_conj || !name_copy) return NULL;
+    name_shape = PyUnicode_InternFromString("shape");
+    name_storage_offset = PyUnicode_InternFromString("storage_offset");
+    name_dim = PyUnicode_InternFromString("dim");
+    name_element_size = PyUnicode_InternFromString("element_size");
+    name_is_complex = PyUnicode_InternFromString("is_complex");
+    if (!name_data_ptr || !name_stride || !name_is_neg || !name_is_conj || !name_copy ||
+        !name_shape || !name_storage_offset || !name_dim || !name_element_size ||
+        !name_is_complex) {
+        return NULL;
+    }
     if (PyType_Ready(&BlockWriterType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL) return NULL;

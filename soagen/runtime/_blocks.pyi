@@ -2,18 +2,8 @@
 
 from typing import Any
 
-def set_torch(tensor_type: type[Any], increment_version: Any, /) -> None: ...
+def set_torch(tensor_type: type[Any], increment_version: Any, takes_tuple: bool, /) -> None: ...
 
 class BlockWriter:
-    def __init__(
-        self,
-        target: Any,
-        dims: int,
-        rows: int,
-        columns: int,
-        itemsize: int,
-        row_stride: int,
-        column_stride: int,
-        is_complex: bool,
-    ) -> None: ...
+    def __init__(self, target: Any) -> None: ...
     def __call__(self, source: Any, /) -> object: ...

@@ -17,6 +17,7 @@ asks for a read-only collection.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import sys
@@ -201,8 +202,19 @@ def _load_block_writer_type() -> type[BlockWriter] | None:
         from soagen.runtime._blocks import BlockWriter, set_torch
     except ImportError:
         return None
-    set_torch(torch.Tensor, torch._C._increment_version)
+    set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
     return BlockWriter
+
+
+def _increment_takes_tuple() -> bool:
+    """Whether `torch._C._increment_version` takes a tuple of tensors (torch >= 2.5, which
+    iterates a tensor given alone: one bump per row) or one tensor (before)."""
+    probe = torch.zeros(1, device="cpu")
+    try:
+        torch._C._increment_version((probe,))
+    except (TypeError, RuntimeError):  # "increment_version expect a Tensor as input"
+        return False
+    return True
 
 
 _BlockWriter = _load_block_writer_type()
@@ -372,30 +384,19 @@ def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
     Below `_STRIDED_COPY_MIN` values, a CPU block of one or two axes is written by the compiled
     loop of `soagen.runtime._blocks` where it was built (1-2 us less than copy_ at a thousand
     rows, once a model has run), else by its own `copy_`, a call with no Python frame."""
-    count, dims, on_cpu = target.numel(), target.dim(), target.device.type == "cpu"
+    count, on_cpu = target.numel(), target.device.type == "cpu"
     small = count < _STRIDED_COPY_MIN
     if (
         small
         and _BlockWriter is not None
-        and count > 0
-        and dims in (1, 2)
         and on_cpu
-        and type(target) is torch.Tensor
         and target.dtype != torch.bool  # copy_ makes any nonzero byte 1
         and not target.is_quantized
     ):
-        rows, columns = target.shape if dims == 2 else (count, 1)
-        row_stride, column_stride = target.stride() if dims == 2 else (target.stride(0), 0)
-        return _BlockWriter(
-            target,
-            dims,
-            rows,
-            columns,
-            target.element_size(),
-            row_stride,
-            column_stride,
-            target.is_complex(),
-        )
+        # It reads the block's geometry, and refuses what it cannot write (three axes, a
+        # subclass, an empty block).
+        with contextlib.suppress(ValueError):
+            return _BlockWriter(target)
     if small or not on_cpu:
         return target.copy_
     return functools.partial(copy_values, target)

@@ -708,14 +708,12 @@ class ModelBinding:
             if call is not None:
                 call()
                 return
-            views, in_inference_mode = plan.views, plan.in_inference_mode
-            if (
-                in_inference_mode is not None
-                and in_inference_mode != (_torch or _load_torch()).is_inference_mode_enabled()
-            ):
+            views = plan.views
+            if plan.in_inference_mode and not (_torch or _load_torch()).is_inference_mode_enabled():
                 # Views made inside inference mode share their buffer's version counter, and
                 # those made outside it have their own (`Collection._block_with_own_version`): a
-                # call in the other mode gets its own, as a call without a plan would.
+                # call outside it gets its own, as a call without a plan would. (Views with their
+                # own serve a call inside it as well: the model runs in inference mode either way.)
                 inputs = collections[: len(self._input_names)]
                 views = self._input_views(dict(zip(self._input_names, inputs, strict=True)))
             for position, index_name, bound_name, size in plan.index_checks:

@@ -4,6 +4,7 @@ bit comes through as copy_ writes it, and what the loop does not copy itself goe
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import sysconfig
@@ -210,23 +211,93 @@ def test_without_the_compiled_loop_blocks_are_written_by_copy(
 
 
 @compiled
-def test_a_block_writer_refuses_a_geometry_it_cannot_write() -> None:
-    block = torch.zeros(10)
-    for arguments, message in (
-        ((block, 3, 10, 1, 4, 1, 0, False), "dims 1"),
-        ((block, 1, 10, 2, 4, 1, 0, False), "dims 1"),
-        ((block, 1, 0, 1, 4, 1, 0, False), "at least one element"),
-        ((block, 2, 10, 2, 4, -1, 10, False), "not negative"),
+def test_a_block_writer_takes_only_blocks_it_can_write() -> None:
+    class Marked(torch.Tensor):
+        pass
+
+    for block, why in (
+        (torch.zeros(4, 3, 2), "three axes"),
+        (torch.zeros(0, 2), "no element"),
+        (torch.zeros(4).as_strided((4, 2), (1, 0)), "values over each other"),
+        (torch.zeros(4, 2, dtype=torch.complex64).conj(), "a conj bit"),
+        (torch.Tensor._make_subclass(Marked, torch.zeros(4, 2)), "a subclass"),
     ):
-        with pytest.raises(ValueError, match=message):
-            buffers._BlockWriter(*arguments)
+        with pytest.raises(ValueError, match="BlockWriter"):
+            buffers._BlockWriter(block)
+        assert not isinstance(buffers.block_writer(block), buffers._BlockWriter), why
+    writer = buffers._BlockWriter(torch.zeros(4, 2))
     with pytest.raises(TypeError):
-        buffers._BlockWriter(block, 1, 10, 1, 4, 1, 0, False)(block, block)
+        writer(torch.zeros(4, 2), torch.zeros(4, 2))  # type: ignore[call-arg]
+
+
+@compiled
+def test_the_source_is_checked_where_it_is_written() -> None:
+    """The loop trusts nothing a caller checked before (Python code may run between): a source of
+    another shape, or with no memory behind it, is copy_'s."""
+    n = 100
+    for source in (
+        _random_values((1, 2), torch.float32).nan_to_num(),  # copy_ broadcasts it
+        _random_values((n + 1, 2), torch.float32),  # copy_ refuses it
+        _random_values((2, n), torch.float32),
+        torch._efficientzerotensor(3 * n * 2)[n * 2 :].view(2 * n, 2)[:n],  # no storage, offset
+    ):
+        _written_as_copy_writes(
+            lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, source
+        )
+
+
+@compiled
+def test_a_block_writer_moves_the_counter_through_a_tensor_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch before 2.5 takes one tensor in `_increment_version`, later ones a tuple; one write
+    moves the counter once."""
+    from soagen.runtime import _blocks
+
+    taken: list[object] = []
+
+    def increment_version(tensor: object) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError("increment_version expect a Tensor as input")
+        taken.append(tensor)
+        torch._C._increment_version(tensor)
+
+    _blocks.set_torch(torch.Tensor, increment_version, False)
+    try:
+        _, block = _block(10, 2, torch.float32)
+        buffers.block_writer(block)(torch.ones(10, 2))
+    finally:
+        _blocks.set_torch(torch.Tensor, torch._C._increment_version, True)
+    assert len(taken) == 1 and taken[0] is block and bool((block == 1).all())
+    # This torch takes a tuple: given one tensor it would walk its rows, a bump each.
+    assert buffers._increment_takes_tuple()
+    storage, block = _block(1000, 2, torch.float32)
+    version = storage._version
+    buffers.block_writer(block)(torch.ones(1000, 2))
+    assert storage._version == version + 1
+
+
+@compiled
+def test_a_block_writer_in_a_reference_cycle_is_collected() -> None:
+    import gc
+    import weakref
+
+    block = torch.zeros(10, 2)
+    block.writer = buffers.block_writer(block)  # type: ignore[attr-defined]
+    assert isinstance(block.writer, buffers._BlockWriter)  # type: ignore[attr-defined]
+    gone = weakref.ref(block)
+    del block
+    gc.collect()
+    assert gone() is None
 
 
 def test_the_compiled_loop_is_built_where_the_install_can_compile() -> None:
     """An optional extension that fails to build leaves no error behind, only the slower path:
     where a C compiler and CPython's headers are here, it must have been built."""
+    try:
+        importlib.metadata.distribution("soagen")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("soagen runs from its source tree, not installed: no install built anything")
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     compiler = sysconfig.get_config_var("CC") or "cc"
     if not headers.is_file() or shutil.which(compiler.split()[0]) is None:

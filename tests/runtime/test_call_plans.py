@@ -293,6 +293,38 @@ def test_a_plan_made_inside_inference_mode_writes_outside_it(module) -> None:  #
     other(points, out=scores)
 
 
+def test_a_plan_made_outside_inference_mode_serves_calls_inside_it(module) -> None:  # type: ignore[no-untyped-def]
+    """Its views have version counters of their own: inside inference mode they still take a
+    write by the model (refused), and no write into another member of the buffer."""
+
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.target: torch.Tensor | None = None
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            if self.target is not None:
+                self.target.add_(1)
+            return inputs[:, :2] * 1.0
+
+    net = Writes()
+    model = module.Mlp(net)
+    points, scores = _points(module, 8), module.Scores.allocate(8)
+    model(points, out=scores)
+    model(points, out=scores)
+    (plan,) = model._plans.values()
+    assert plan.in_inference_mode is False
+    with torch.inference_mode():
+        net.target = points.label  # another member of the same buffer, as another thread's write
+        model(points, out=scores)
+        assert model._plans and next(iter(model._plans.values())) is plan
+        torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+        net.target = plan.views[0]  # the model's own input
+        with pytest.raises(InputModifiedError):
+            model(points, out=scores)
+    assert not model._plans  # a failed call drops its plan
+
+
 def test_close_drops_the_plans_and_a_later_call_places_the_model_again(module) -> None:  # type: ignore[no-untyped-def]
     net = Linear()
     model = module.Mlp(net)
