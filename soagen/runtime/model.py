@@ -230,6 +230,7 @@ class ModelBinding:
         # found here is still that collection's. Bindings that run their model elsewhere (remote
         # ones override `_execute`) make none.
         self._plans: dict[tuple[int, ...], _CallPlan] = {}
+        self._run_settings: _RunSettings | None = None  # made at the first call
         self._plans_lock = threading.Lock()
         # Collections called once, held weakly: a plan is made at their second call, so that
         # events that each bring new collection objects do not pay for plans never used again.
@@ -835,28 +836,18 @@ class ModelBinding:
         covers them) and needs them. A call plan makes it once (`repeated`), so that its calls
         read nothing of the binding or its backend, and writes through writers made for its
         blocks (`block_writer`); a call without a plan, through `copy_values`."""
-        cls = type(self)
-        backend = self._backend
-        writes_outputs = backend.writes_outputs
+        settings = self._run_settings
+        if settings is None:
+            settings = self._run_settings = self._settings_of_runs()
+        cls, watched, copied, writes_outputs, guard, single_output = settings
         if writes_outputs and targets is None:
             raise BindingError(
-                f"{cls.NAME}: {backend.description} writes its results into output blocks, and "
-                f"this call has none: give it output collections (`out=`, or "
+                f"{cls.NAME}: {self._backend.description} writes its results into output "
+                f"blocks, and this call has none: give it output collections (`out=`, or "
                 f"`run(inputs, outputs)`)"
             )
-        torch_module = _torch or _load_torch()
-        watched = backend.moves_version_counters
         protect_inputs = self.protect_inputs
-        copied = None
-        if self.contiguous and not backend.adapts_inputs:
-            from soagen.runtime.buffers import contiguous_copy
-
-            copied = [spec.name in self.contiguous for spec in cls.INPUTS]
-        # The guard `torch.inference_mode()` enters, without its Python wrapper, whose frames
-        # cost more than the guard once a large model has pushed this code out of the caches.
-        guard = torch_module._C._InferenceMode if backend.records_autograd else None
-        tensor_type = torch_module.Tensor
-        single_output = len(cls.OUTPUTS) == 1
+        tensor_type = (_torch or _load_torch()).Tensor
         signatures = _signatures(targets)
         buffers = _buffers or _load_buffers()
         writers = [
@@ -871,7 +862,7 @@ class ModelBinding:
             arguments = views
             if copied is not None:
                 arguments = [
-                    contiguous_copy(view) if copy_it else view
+                    buffers.contiguous_copy(view) if copy_it else view
                     for copy_it, view in zip(copied, views, strict=True)
                 ]
             if writes_outputs:
@@ -902,8 +893,41 @@ class ModelBinding:
 
         return model_call
 
+    def _settings_of_runs(self) -> _RunSettings:
+        """What `_model_call` needs of the binding and its backend, which neither changes."""
+        cls = type(self)
+        backend = self._backend
+        torch_module = _torch or _load_torch()
+        copied = None
+        if self.contiguous and not backend.adapts_inputs:
+            copied = tuple(spec.name in self.contiguous for spec in cls.INPUTS)
+        return (
+            cls,
+            backend.moves_version_counters,
+            copied,
+            backend.writes_outputs,
+            # The guard `torch.inference_mode()` enters, without its Python wrapper, whose
+            # frames cost more than the guard once a large model has pushed this code out of the
+            # caches.
+            torch_module._C._InferenceMode if backend.records_autograd else None,
+            len(cls.OUTPUTS) == 1,
+        )
+
 
 _Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
+
+
+# What `ModelBinding._model_call` needs of a binding: its class; whether its backend moves version counters;
+# which inputs it hands over as contiguous copies (None: none); whether the backend writes its
+# outputs; the inference-mode guard to run the model in (None: none); whether it has one output.
+_RunSettings = tuple[
+    type["ModelBinding"],
+    bool,
+    "tuple[bool, ...] | None",
+    bool,
+    "typing.Callable[[bool], typing.ContextManager[None]] | None",
+    bool,
+]
 
 
 def _nothing() -> None:
