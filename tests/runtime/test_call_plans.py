@@ -43,6 +43,16 @@ def _points(module, n: int, seed: int = 0):  # type: ignore[no-untyped-def]
     return points
 
 
+def _planned(module, model, n: int):  # type: ignore[no-untyped-def]
+    """Collections of n points and scores, called with twice (the second call makes their plan),
+    and that plan."""
+    points, scores = _points(module, n), module.Scores.allocate(n)
+    model(points, out=scores)
+    model(points, out=scores)
+    (plan,) = model._plans.values()
+    return points, scores, plan
+
+
 def _expected(net: nn.Module, points) -> torch.Tensor:  # type: ignore[no-untyped-def]
     with torch.no_grad():
         return net(torch.stack([points.x, points.y, points.z], dim=1))
@@ -164,10 +174,7 @@ def test_a_model_that_reshapes_its_input_in_place_leaves_later_calls_right(modul
             return points[:, :2] * 1.0
 
     model = module.Mlp(TransposesOnce())
-    points, scores = _points(module, 16), module.Scores.allocate(16)
-    model(points, out=scores)
-    model(points, out=scores)
-    (plan,) = model._plans.values()
+    points, scores, plan = _planned(module, model, 16)
     view = plan.views[0]
     with pytest.raises(InputModifiedError):
         model(points, out=scores)
@@ -221,10 +228,7 @@ def test_a_planned_call_of_a_returning_runner_still_checks_and_writes_its_result
 
     backend = Returning()
     model = module.Mlp(backend)
-    points, scores = _points(module, 16), module.Scores.allocate(16)
-    model(points, out=scores)
-    model(points, out=scores)
-    (plan,) = model._plans.values()
+    points, scores, plan = _planned(module, model, 16)
     assert plan.call is not None and plan.model_call is not None  # its one call: run, check, write
     points.x.add_(1.0)
     model(points, out=scores)
@@ -309,10 +313,7 @@ def test_a_plan_made_outside_inference_mode_serves_calls_inside_it(module) -> No
 
     net = Writes()
     model = module.Mlp(net)
-    points, scores = _points(module, 8), module.Scores.allocate(8)
-    model(points, out=scores)
-    model(points, out=scores)
-    (plan,) = model._plans.values()
+    points, scores, plan = _planned(module, model, 8)
     assert plan.in_inference_mode is False
     with torch.inference_mode():
         net.target = points.label  # another member of the same buffer, as another thread's write
@@ -383,10 +384,7 @@ def test_an_onnx_plan_reuses_its_input_views_and_sees_new_values(module, tmp_pat
     path = tmp_path / "linear.onnx"
     path.write_bytes(buffer.getvalue())
     model = module.Mlp.load(path)
-    points, scores = _points(module, 24), module.Scores.allocate(24)
-    model(points, out=scores)
-    model(points, out=scores)
-    (plan,) = model._plans.values()
+    points, scores, plan = _planned(module, model, 24)
     assert plan.in_inference_mode is None  # plain views: ONNX Runtime moves no version counter
     view = plan.views[0]
     points.x.sub_(1.0)
