@@ -23,7 +23,7 @@
 static PyObject *tensor_type = NULL, *increment_version = NULL;
 static int increment_takes_tuple = 1;
 static PyObject *name_data_ptr, *name_stride, *name_is_neg, *name_is_conj, *name_copy, *name_shape,
-    *name_storage_offset, *name_dim, *name_element_size, *name_is_complex;
+    *name_storage_offset, *name_dim, *name_element_size, *name_is_complex, *name_dtype, *name_is_cpu;
 
 static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     int takes_tuple = nargs == 3 ? PyObject_IsTrue(args[2]) : -1;
@@ -82,18 +82,29 @@ typedef struct {
     PyObject_HEAD
     PyObject *target;  /* the output block: a plain CPU tensor, held for its memory */
     PyObject *targets; /* (target,), for increment_version */
+    PyObject *dtype;   /* the target's torch.dtype (one object per dtype) */
     long long dims;    /* 1: [rows] (columns 1), 2: [rows, columns] */
     long long rows, columns, itemsize;
     long long strides[2];  /* the target's, in elements (0 for a missing second axis) */
     int is_complex;        /* whether a conjugate bit could change the values */
 } BlockWriter;
 
-/* The source checked at the write itself, whatever Python code ran since the caller checked it:
- * a plain tensor of the block's shape, with memory, without a neg or conj bit. Its element
- * strides and address: 1 where the loop may copy it, 0 where copy_ must, -1 with an exception
- * set. Torch keeps a tensor's shape, strides and offset inside its storage. */
+/* The source checked at the write itself, whatever Python code ran since the caller checked it
+ * (`t.data = ...` changes a tensor's dtype in place): a plain CPU tensor of the block's dtype and
+ * shape, with memory, without a neg or conj bit. Its element strides and address: 1 where the
+ * loop may copy it, 0 where copy_ must, -1 with an exception set. Torch keeps a tensor's shape,
+ * strides and offset inside its storage. */
 static int read_source(BlockWriter *self, PyObject *source, long long strides[2], char **address) {
     if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) return 0;
+    PyObject *dtype = PyObject_GetAttr(source, name_dtype);
+    if (dtype == NULL) return -1;
+    Py_DECREF(dtype);  /* compared by identity only */
+    if (dtype != self->dtype) return 0;
+    PyObject *is_cpu = PyObject_GetAttr(source, name_is_cpu);
+    if (is_cpu == NULL) return -1;
+    int on_cpu = PyObject_IsTrue(is_cpu);
+    Py_DECREF(is_cpu);
+    if (on_cpu != 1) return on_cpu;  /* -1: an error; 0: another device */
     PyObject *shape = PyObject_GetAttr(source, name_shape);
     if (shape == NULL) return -1;
     long long sizes[2] = {0, 0};
@@ -153,7 +164,7 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         if (kwargs != NULL) PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
         return NULL;
     }
-    if (self->target == NULL || self->targets == NULL) {
+    if (self->target == NULL || self->targets == NULL || self->dtype == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "BlockWriter: its block was cleared");
         return NULL;
     }
@@ -238,7 +249,8 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (self == NULL) return NULL;
     self->target = Py_NewRef(target);
     self->targets = PyTuple_Pack(1, target);
-    if (self->targets == NULL) {
+    self->dtype = PyObject_GetAttr(target, name_dtype);
+    if (self->targets == NULL || self->dtype == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -255,12 +267,14 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
 static int BlockWriter_traverse(BlockWriter *self, visitproc visit, void *arg) {
     Py_VISIT(self->target);
     Py_VISIT(self->targets);
+    Py_VISIT(self->dtype);
     return 0;
 }
 
 static int BlockWriter_clear(BlockWriter *self) {
     Py_CLEAR(self->target);
     Py_CLEAR(self->targets);
+    Py_CLEAR(self->dtype);
     return 0;
 }
 
@@ -307,9 +321,11 @@ PyMODINIT_FUNC PyInit__blocks(void) {
     name_dim = PyUnicode_InternFromString("dim");
     name_element_size = PyUnicode_InternFromString("element_size");
     name_is_complex = PyUnicode_InternFromString("is_complex");
+    name_dtype = PyUnicode_InternFromString("dtype");
+    name_is_cpu = PyUnicode_InternFromString("is_cpu");
     if (!name_data_ptr || !name_stride || !name_is_neg || !name_is_conj || !name_copy ||
         !name_shape || !name_storage_offset || !name_dim || !name_element_size ||
-        !name_is_complex) {
+        !name_is_complex || !name_dtype || !name_is_cpu) {
         return NULL;
     }
     if (PyType_Ready(&BlockWriterType) < 0) return NULL;

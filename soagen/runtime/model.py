@@ -243,7 +243,7 @@ class ModelBinding:
         # A package that writes its outputs must not be handed an output over memory it reads.
         self._shared_members = shared_members(type(self))
         declared = frozenset(spec.name for spec in type(self).INPUTS if spec.contiguous)
-        self.contiguous = declared | frozenset(contiguous)
+        self._contiguous = declared | frozenset(contiguous)
         for name in sorted(self.contiguous - set(inputs)):
             raise BindingError(
                 f"contiguous: {type(self).NAME} has no input {name!r}; its inputs are "
@@ -340,6 +340,12 @@ class ModelBinding:
             probe_interval=probe_interval,
             index_bounds=index_bounds,
         )
+
+    @property
+    def contiguous(self) -> frozenset[str]:
+        """Inputs handed over as one contiguous copy per call (the schema's `contiguous` and the
+        constructor's), fixed for the binding's life: call plans and runs are made with them."""
+        return self._contiguous
 
     @property
     def backend(self) -> str:

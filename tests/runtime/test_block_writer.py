@@ -89,6 +89,27 @@ def _written_as_copy_writes(
     assert storage._version > version  # a backward pass through the old values is refused
 
 
+def _written_as_copy_writes_in_place(
+    buffer: torch.Tensor, block: torch.Tensor, source: torch.Tensor
+) -> None:
+    """The block's writer on a source in the same buffer leaves that buffer as copy_ leaves a
+    copy of it, or raises what copy_ raises."""
+    expected = buffer.clone()
+    offset = block.storage_offset()
+    expected_block = expected.as_strided(block.shape, block.stride(), offset)
+    expected_source = expected.as_strided(source.shape, source.stride(), source.storage_offset())
+    try:
+        expected_block.copy_(expected_source)
+    except RuntimeError as refusal:
+        before = buffer.clone()
+        with pytest.raises(type(refusal), match=re.escape(str(refusal))):
+            buffers.block_writer(block)(source)
+        assert _same_bits(buffer, before)
+        return
+    buffers.block_writer(block)(source)
+    assert _same_bits(buffer, expected)
+
+
 @pytest.mark.parametrize(
     "dtype",
     [
@@ -184,6 +205,13 @@ def test_a_source_over_its_block_is_copy_s_to_handle() -> None:
     assert _same_bits(buffer, before)
     buffers.block_writer(block)(block)  # the block itself: copy_ leaves it as it is
     assert _same_bits(buffer, before)
+    # Sources over the block in other ways: transposed, below it, a repeated value inside it.
+    for over in (
+        buffer[100:300].as_strided((100, 2), (2, 1)),
+        buffer[:200].as_strided((100, 2), (2, 1)),
+        buffer[150:151].as_strided((100, 2), (0, 0)),
+    ):
+        _written_as_copy_writes_in_place(buffer, block, over)
     # Apart, the last value of one next to the first of the other: the loop's.
     apart = torch.zeros(2 * 100 + 200)
     near_block = apart[:200].as_strided((100, 2), (1, 100))
@@ -191,6 +219,46 @@ def test_a_source_over_its_block_is_copy_s_to_handle() -> None:
     near_source.copy_(_random_values((100, 2), torch.float32))
     buffers.block_writer(near_block)(near_source)
     assert _same_bits(near_block, near_source)
+
+
+@compiled
+def test_a_source_of_another_dtype_or_device_is_copy_s() -> None:
+    """`t.data = ...` changes a tensor's dtype in place, after any check a caller made: the loop
+    copies only sources of the block's dtype on the CPU."""
+    n = 100
+    changed = torch.zeros(n, 2)
+    changed.data = torch.ones(n, 2, dtype=torch.int8)
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, changed
+    )
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source),
+        n,
+        2,
+        torch.float64,
+        torch.ones(n, 2, dtype=torch.float32),
+    )
+    with pytest.raises(NotImplementedError):
+        buffers.block_writer(torch.zeros(n, 2))(torch.ones(n, 2, device="meta"))
+
+
+@compiled
+def test_the_loop_writes_rows_of_columns_and_strided_columns() -> None:
+    """Blocks laid out as [c, n] rows (a model block of [c, n] axes) and a column with a stride,
+    written by the loop itself: no ATen copy runs."""
+    rows_block = torch.zeros(3, 2 * 100).as_strided((3, 100), (200, 1))
+    column = torch.zeros(300)[::3]
+    for block, source in (
+        (rows_block, _random_values((3, 100), torch.float32)),
+        (rows_block, _random_values((100, 3), torch.float32).t()),
+        (column, _random_values((100,), torch.float32)),
+    ):
+        writer = buffers.block_writer(block)
+        assert isinstance(writer, buffers._BlockWriter)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            writer(source)
+        assert "aten::copy_" not in [event.name for event in profile.events()]
+        assert _same_bits(block, source)
 
 
 def test_without_the_compiled_loop_blocks_are_written_by_copy(
@@ -267,10 +335,11 @@ def test_a_block_writer_moves_the_counter_through_a_tensor_argument(
         _, block = _block(10, 2, torch.float32)
         buffers.block_writer(block)(torch.ones(10, 2))
     finally:
-        _blocks.set_torch(torch.Tensor, torch._C._increment_version, True)
+        _blocks.set_torch(
+            torch.Tensor, torch._C._increment_version, buffers._increment_takes_tuple()
+        )
     assert len(taken) == 1 and taken[0] is block and bool((block == 1).all())
-    # This torch takes a tuple: given one tensor it would walk its rows, a bump each.
-    assert buffers._increment_takes_tuple()
+    # Given one tensor, torch >= 2.5 walks its rows, a bump each: the probe picks the tuple there.
     storage, block = _block(1000, 2, torch.float32)
     version = storage._version
     buffers.block_writer(block)(torch.ones(1000, 2))

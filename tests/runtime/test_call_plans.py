@@ -405,3 +405,12 @@ def test_new_collections_for_each_event_make_no_plan(module) -> None:  # type: i
         torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
         assert not model._plans
         del points, scores
+
+
+def test_the_inputs_handed_over_as_copies_are_fixed_for_the_bindings_life(module) -> None:  # type: ignore[no-untyped-def]
+    """Plans and runs are made with them: a change after the first call would apply to some
+    calls and not others."""
+    model = module.Mlp(Linear(), contiguous=["points"])
+    assert model.contiguous == {"points"}
+    with pytest.raises(AttributeError):
+        model.contiguous = frozenset()
