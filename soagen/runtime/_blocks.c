@@ -22,8 +22,16 @@
  * since torch 2.5 (and iterates a tensor given alone), one tensor before. */
 static PyObject *tensor_type = NULL, *increment_version = NULL;
 static int increment_takes_tuple = 1;
-static PyObject *name_data_ptr, *name_stride, *name_is_neg, *name_is_conj, *name_copy, *name_shape,
-    *name_storage_offset, *name_dim, *name_element_size, *name_is_complex, *name_dtype, *name_is_cpu;
+/* The names read off tensors, interned once by the module's init. */
+enum {
+    DATA_PTR, STRIDE, IS_NEG, IS_CONJ, COPY, SHAPE, STORAGE_OFFSET, DIM, ELEMENT_SIZE, IS_COMPLEX,
+    DTYPE, IS_CPU, NAME_COUNT
+};
+static const char *const name_texts[NAME_COUNT] = {
+    "data_ptr", "stride", "is_neg", "is_conj", "copy_", "shape", "storage_offset", "dim",
+    "element_size", "is_complex", "dtype", "is_cpu",
+};
+static PyObject *names[NAME_COUNT];
 
 static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     int takes_tuple = nargs == 3 ? PyObject_IsTrue(args[2]) : -1;
@@ -51,7 +59,7 @@ static int call_for_integer(PyObject *tensor, PyObject *name, long long *value) 
 
 /* `tensor.data_ptr()` as an address; -1 with an exception set on failure. */
 static int call_for_address(PyObject *tensor, char **address) {
-    PyObject *result = PyObject_CallMethodNoArgs(tensor, name_data_ptr);
+    PyObject *result = PyObject_CallMethodNoArgs(tensor, names[DATA_PTR]);
     if (result == NULL) return -1;
     *address = (char *)PyLong_AsVoidPtr(result);
     Py_DECREF(result);
@@ -96,32 +104,32 @@ typedef struct {
  * strides and offset inside its storage. */
 static int read_source(BlockWriter *self, PyObject *source, long long strides[2], char **address) {
     if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) return 0;
-    PyObject *dtype = PyObject_GetAttr(source, name_dtype);
+    PyObject *dtype = PyObject_GetAttr(source, names[DTYPE]);
     if (dtype == NULL) return -1;
     Py_DECREF(dtype);  /* compared by identity only */
     if (dtype != self->dtype) return 0;
-    PyObject *is_cpu = PyObject_GetAttr(source, name_is_cpu);
+    PyObject *is_cpu = PyObject_GetAttr(source, names[IS_CPU]);
     if (is_cpu == NULL) return -1;
     int on_cpu = PyObject_IsTrue(is_cpu);
     Py_DECREF(is_cpu);
     if (on_cpu != 1) return on_cpu;  /* -1: an error; 0: another device */
-    PyObject *shape = PyObject_GetAttr(source, name_shape);
+    PyObject *shape = PyObject_GetAttr(source, names[SHAPE]);
     if (shape == NULL) return -1;
     long long sizes[2] = {0, 0};
     int readable = read_integers(shape, self->dims, sizes);
     Py_DECREF(shape);
     if (readable != 1) return readable;
     if (sizes[0] != self->rows || (self->dims == 2 && sizes[1] != self->columns)) return 0;
-    readable = is_false(source, name_is_neg);
-    if (readable == 1 && self->is_complex) readable = is_false(source, name_is_conj);
+    readable = is_false(source, names[IS_NEG]);
+    if (readable == 1 && self->is_complex) readable = is_false(source, names[IS_CONJ]);
     if (readable != 1) return readable;
-    PyObject *stride = PyObject_CallMethodNoArgs(source, name_stride);
+    PyObject *stride = PyObject_CallMethodNoArgs(source, names[STRIDE]);
     if (stride == NULL) return -1;
     readable = read_integers(stride, self->dims, strides);
     Py_DECREF(stride);
     if (readable != 1) return readable;
     long long offset;
-    if (call_for_integer(source, name_storage_offset, &offset) < 0) return -1;
+    if (call_for_integer(source, names[STORAGE_OFFSET], &offset) < 0) return -1;
     if (call_for_address(source, address) < 0) return -1;
     /* No memory behind it (a tensor of zeros without storage, sliced or not): copy_'s. */
     return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * self->itemsize);
@@ -187,7 +195,7 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         extent(self, target_address, self->strides, &target_low, &target_high);
         readable = target_address != NULL && (source_high <= target_low || target_high <= source_low);
     }
-    if (!readable) return PyObject_CallMethodOneArg(self->target, name_copy, source);
+    if (!readable) return PyObject_CallMethodOneArg(self->target, names[COPY], source);
     const long long target_steps[2] = {self->strides[0] * self->itemsize,
                                        self->strides[1] * self->itemsize};
     const long long source_steps[2] = {source_strides[0] * self->itemsize,
@@ -198,7 +206,7 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         case 4: COPY_AS(uint32_t) break;
         case 8: COPY_AS(uint64_t) break;
         case 16: COPY_AS(sixteen_bytes) break;
-        default: return PyObject_CallMethodOneArg(self->target, name_copy, source);
+        default: return PyObject_CallMethodOneArg(self->target, names[COPY], source);
     }
     return PyObject_CallOneArg(increment_version,
                                increment_takes_tuple ? self->targets : self->target);
@@ -217,27 +225,27 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
         return NULL;
     }
     long long dims, itemsize, sizes[2] = {1, 1}, strides[2] = {0, 0};
-    if (call_for_integer(target, name_dim, &dims) < 0) return NULL;
+    if (call_for_integer(target, names[DIM], &dims) < 0) return NULL;
     if (dims != 1 && dims != 2) {
         PyErr_SetString(PyExc_ValueError, "BlockWriter: the block has neither one axis nor two");
         return NULL;
     }
-    PyObject *shape = PyObject_GetAttr(target, name_shape);
+    PyObject *shape = PyObject_GetAttr(target, names[SHAPE]);
     if (shape == NULL) return NULL;
     int read = read_integers(shape, dims, sizes);
     Py_DECREF(shape);
-    PyObject *stride = read == 1 ? PyObject_CallMethodNoArgs(target, name_stride) : NULL;
+    PyObject *stride = read == 1 ? PyObject_CallMethodNoArgs(target, names[STRIDE]) : NULL;
     if (stride != NULL) {
         read = read_integers(stride, dims, strides);
         Py_DECREF(stride);
     } else if (read == 1) {
         return NULL;
     }
-    if (read < 0 || call_for_integer(target, name_element_size, &itemsize) < 0) return NULL;
-    int plain = read == 1 ? is_false(target, name_is_neg) : 0;
-    if (plain == 1) plain = is_false(target, name_is_conj);
+    if (read < 0 || call_for_integer(target, names[ELEMENT_SIZE], &itemsize) < 0) return NULL;
+    int plain = read == 1 ? is_false(target, names[IS_NEG]) : 0;
+    if (plain == 1) plain = is_false(target, names[IS_CONJ]);
     if (plain < 0) return NULL;
-    int is_complex = is_false(target, name_is_complex);
+    int is_complex = is_false(target, names[IS_COMPLEX]);
     if (is_complex < 0) return NULL;
     is_complex = !is_complex;
     if (!plain || sizes[0] < 1 || sizes[1] < 1 || strides[0] < 1 || (dims == 2 && strides[1] < 1)) {
@@ -249,7 +257,7 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (self == NULL) return NULL;
     self->target = Py_NewRef(target);
     self->targets = PyTuple_Pack(1, target);
-    self->dtype = PyObject_GetAttr(target, name_dtype);
+    self->dtype = PyObject_GetAttr(target, names[DTYPE]);
     if (self->targets == NULL || self->dtype == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -311,22 +319,9 @@ static struct PyModuleDef module_definition = {
 };
 
 PyMODINIT_FUNC PyInit__blocks(void) {
-    name_data_ptr = PyUnicode_InternFromString("data_ptr");
-    name_stride = PyUnicode_InternFromString("stride");
-    name_is_neg = PyUnicode_InternFromString("is_neg");
-    name_is_conj = PyUnicode_InternFromString("is_conj");
-    name_copy = PyUnicode_InternFromString("copy_");
-    name_shape = PyUnicode_InternFromString("shape");
-    name_storage_offset = PyUnicode_InternFromString("storage_offset");
-    name_dim = PyUnicode_InternFromString("dim");
-    name_element_size = PyUnicode_InternFromString("element_size");
-    name_is_complex = PyUnicode_InternFromString("is_complex");
-    name_dtype = PyUnicode_InternFromString("dtype");
-    name_is_cpu = PyUnicode_InternFromString("is_cpu");
-    if (!name_data_ptr || !name_stride || !name_is_neg || !name_is_conj || !name_copy ||
-        !name_shape || !name_storage_offset || !name_dim || !name_element_size ||
-        !name_is_complex || !name_dtype || !name_is_cpu) {
-        return NULL;
+    for (int name = 0; name < NAME_COUNT; name++) {
+        names[name] = PyUnicode_InternFromString(name_texts[name]);
+        if (names[name] == NULL) return NULL;
     }
     if (PyType_Ready(&BlockWriterType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_definition);
