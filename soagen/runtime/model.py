@@ -230,7 +230,6 @@ class ModelBinding:
         # found here is still that collection's. Bindings that run their model elsewhere (remote
         # ones override `_execute`) make none.
         self._plans: dict[tuple[int, ...], _CallPlan] = {}
-        self._run_settings: _RunSettings | None = None  # made at the first call
         self._plans_lock = threading.Lock()
         # Collections called once, held weakly: a plan is made at their second call, so that
         # events that each bring new collection objects do not pay for plans never used again.
@@ -258,6 +257,7 @@ class ModelBinding:
                 f"place; a contiguous copy has other strides, which it does not take. Leave "
                 f"contiguous= out, or declare `contiguous` in the schema and compile again"
             )
+        self._run_settings = self._settings_of_runs()
         if graphs or graph_cache_size is not None:
             from soagen.runtime.graphs import call_graphs
 
@@ -842,10 +842,7 @@ class ModelBinding:
         covers them) and needs them. A call plan makes it once (`repeated`), so that its calls
         read nothing of the binding or its backend, and writes through writers made for its
         blocks (`block_writer`); a call without a plan, through `copy_values`."""
-        settings = self._run_settings
-        if settings is None:
-            settings = self._run_settings = self._settings_of_runs()
-        cls, watched, copied, writes_outputs, guard, single_output = settings
+        cls, watched, copied, writes_outputs, guard, single_output = self._run_settings
         if writes_outputs and targets is None:
             raise BindingError(
                 f"{cls.NAME}: {self._backend.description} writes its results into output "
@@ -856,11 +853,12 @@ class ModelBinding:
         tensor_type = (_torch or _load_torch()).Tensor
         signatures = _signatures(targets)
         buffers = _buffers or _load_buffers()
+        # Empty where nothing is written here (no output blocks, or a package that writes them).
         writers = [
             buffers.block_writer(target)
             if repeated
             else functools.partial(buffers.copy_values, target)
-            for target in targets or ()
+            for target in (() if writes_outputs else targets or ())
         ]
 
         def model_call(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
