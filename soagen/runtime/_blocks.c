@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -88,6 +89,7 @@ static int is_false(PyObject *tensor, PyObject *name) {
 
 typedef struct {
     PyObject_HEAD
+    vectorcallfunc vectorcall; /* BlockWriter_vectorcall: a call without an argument tuple */
     PyObject *target;  /* the output block: a plain CPU tensor, held for its memory */
     PyObject *targets; /* (target,), for increment_version */
     PyObject *dtype;   /* the target's torch.dtype (one object per dtype) */
@@ -148,14 +150,13 @@ static void extent(const BlockWriter *self, char *address, const long long strid
     *high = address + last + self->itemsize;
 }
 
-/* Column by column, each a run of rows: the blocks' columns are contiguous. Byte steps, and
- * memcpy of a constant size (one move), so that no address needs the type's alignment. */
+/* Column by column, each a run of rows: any strides. Byte steps, and memcpy of a constant size
+ * (one move), so that no address needs the type's alignment. */
 #define COPY_AS(type)                                                                  \
-    for (long long column = 0; column < self->columns; column++) {                     \
+    for (long long column = 0; column < columns; column++) {                           \
         char *to = target_address + column * target_steps[1];                          \
         const char *from = source_address + column * source_steps[1];                  \
-        for (long long row = 0; row < self->rows;                                      \
-             row++, to += target_steps[0], from += source_steps[0]) {                  \
+        for (long long row = 0; row < rows; row++, to += target_steps[0], from += source_steps[0]) { \
             type value;                                                                \
             memcpy(&value, from, sizeof value);                                        \
             memcpy(to, &value, sizeof value);                                          \
@@ -164,14 +165,76 @@ static void extent(const BlockWriter *self, char *address, const long long strid
 
 typedef struct { uint64_t low, high; } sixteen_bytes;
 
+/* A row-major source (a model's [rows, COUNT] result) into columns that each run contiguously
+ * (`pitch` bytes apart): with the count a constant the compiler vectorizes the de-interleave,
+ * about four times the speed of the loop above with its steps read at run time. */
+#define SPLIT_ROWS(type, count)                                                                \
+    static void split_rows_##type##_##count(char *restrict to, long long pitch,                \
+                                            const char *restrict from, long long rows) {       \
+        for (long long row = 0; row < rows; row++) {                                           \
+            for (long long column = 0; column < count; column++) {                             \
+                type value;                                                                    \
+                memcpy(&value, from + (row * count + column) * (long long)sizeof value,        \
+                       sizeof value);                                                          \
+                memcpy(to + column * pitch + row * (long long)sizeof value, &value,            \
+                       sizeof value);                                                          \
+            }                                                                                  \
+        }                                                                                      \
+    }
+#define SPLIT_ROWS_OF(type) SPLIT_ROWS(type, 2) SPLIT_ROWS(type, 3) SPLIT_ROWS(type, 4)
+SPLIT_ROWS_OF(uint8_t)
+SPLIT_ROWS_OF(uint16_t)
+SPLIT_ROWS_OF(uint32_t)
+SPLIT_ROWS_OF(uint64_t)
+
+typedef void (*split_rows_function)(char *restrict, long long, const char *restrict, long long);
+/* By log2 of the value's width (1 to 8 bytes), then the row's count less 2 (2 to 4 values). */
+static const split_rows_function split_rows[4][3] = {
+    {split_rows_uint8_t_2, split_rows_uint8_t_3, split_rows_uint8_t_4},
+    {split_rows_uint16_t_2, split_rows_uint16_t_3, split_rows_uint16_t_4},
+    {split_rows_uint32_t_2, split_rows_uint32_t_3, split_rows_uint32_t_4},
+    {split_rows_uint64_t_2, split_rows_uint64_t_3, split_rows_uint64_t_4},
+};
+
+/* The copy of the source's values (at `source_address`, `source_steps` bytes apart) into the
+ * block's, which lie apart from them. */
+static void copy_values(const BlockWriter *self, char *target_address, const char *source_address,
+                        const long long source_steps[2]) {
+    const long long rows = self->rows, columns = self->columns, itemsize = self->itemsize;
+    const long long target_steps[2] = {self->strides[0] * itemsize, self->strides[1] * itemsize};
+    if (source_steps[0] == itemsize && target_steps[0] == itemsize) {
+        /* Both columns run contiguously (a single column, or a column-major result). */
+        for (long long column = 0; column < columns; column++) {
+            memcpy(target_address + column * target_steps[1],
+                   source_address + column * source_steps[1], (size_t)(rows * itemsize));
+        }
+        return;
+    }
+    int width = itemsize == 1 ? 0 : itemsize == 2 ? 1 : itemsize == 4 ? 2 : itemsize == 8 ? 3 : -1;
+    if (width >= 0 && columns >= 2 && columns <= 4 && target_steps[0] == itemsize &&
+        source_steps[1] == itemsize && source_steps[0] == columns * itemsize) {
+        split_rows[width][columns - 2](target_address, target_steps[1], source_address, rows);
+        return;
+    }
+    switch (itemsize) {
+        case 1: COPY_AS(uint8_t) break;
+        case 2: COPY_AS(uint16_t) break;
+        case 4: COPY_AS(uint32_t) break;
+        case 8: COPY_AS(uint64_t) break;
+        case 16: COPY_AS(sixteen_bytes) break;
+    }
+}
+
 /* writer(source): copy `source`, a tensor of the block's shape, dtype and device (the caller
  * checks them), into the block, bits as they are, and moves the block's version counter. */
-static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *kwargs) {
-    PyObject *source;
-    if (kwargs != NULL || !PyArg_UnpackTuple(args, "BlockWriter", 1, 1, &source)) {
-        if (kwargs != NULL) PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
+static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    BlockWriter *self = (BlockWriter *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
         return NULL;
     }
+    PyObject *source = args[0];
     if (self->target == NULL || self->targets == NULL || self->dtype == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "BlockWriter: its block was cleared");
         return NULL;
@@ -195,19 +258,13 @@ static PyObject *BlockWriter_call(BlockWriter *self, PyObject *args, PyObject *k
         extent(self, target_address, self->strides, &target_low, &target_high);
         readable = target_address != NULL && (source_high <= target_low || target_high <= source_low);
     }
-    if (!readable) return PyObject_CallMethodOneArg(self->target, names[COPY], source);
-    const long long target_steps[2] = {self->strides[0] * self->itemsize,
-                                       self->strides[1] * self->itemsize};
+    if (!readable || (self->itemsize != 1 && self->itemsize != 2 && self->itemsize != 4 &&
+                      self->itemsize != 8 && self->itemsize != 16)) {
+        return PyObject_CallMethodOneArg(self->target, names[COPY], source);
+    }
     const long long source_steps[2] = {source_strides[0] * self->itemsize,
                                        source_strides[1] * self->itemsize};
-    switch (self->itemsize) {
-        case 1: COPY_AS(uint8_t) break;
-        case 2: COPY_AS(uint16_t) break;
-        case 4: COPY_AS(uint32_t) break;
-        case 8: COPY_AS(uint64_t) break;
-        case 16: COPY_AS(sixteen_bytes) break;
-        default: return PyObject_CallMethodOneArg(self->target, names[COPY], source);
-    }
+    copy_values(self, target_address, source_address, source_steps);
     return PyObject_CallOneArg(increment_version,
                                increment_takes_tuple ? self->targets : self->target);
 }
@@ -269,6 +326,7 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->strides[0] = strides[0];
     self->strides[1] = strides[1];
     self->is_complex = is_complex;
+    self->vectorcall = BlockWriter_vectorcall;
     return (PyObject *)self;
 }
 
@@ -298,12 +356,13 @@ static PyTypeObject BlockWriterType = {
     .tp_doc = "BlockWriter(target): called with a source tensor of the block's shape, dtype and "
               "device, writes it into the block (a plain CPU tensor of one or two axes).",
     .tp_basicsize = sizeof(BlockWriter),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(BlockWriter, vectorcall),
     .tp_new = BlockWriter_new,
     .tp_traverse = (traverseproc)BlockWriter_traverse,
     .tp_clear = (inquiry)BlockWriter_clear,
     .tp_dealloc = (destructor)BlockWriter_dealloc,
-    .tp_call = (ternaryfunc)BlockWriter_call,
+    .tp_call = PyVectorcall_Call,
 };
 
 static PyMethodDef methods[] = {

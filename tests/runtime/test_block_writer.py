@@ -127,7 +127,10 @@ def _written_as_copy_writes_in_place(
         torch.bool,
     ],
 )
-@pytest.mark.parametrize("columns", [None, 1, 2, 3], ids=["1-D", "c=1", "c=2", "c=3"])
+# Rows of 2 to 4 values have de-interleaving loops of their own, and 5 the general loop.
+@pytest.mark.parametrize(
+    "columns", [None, 1, 2, 3, 4, 5], ids=["1-D", "c=1", "c=2", "c=3", "c=4", "c=5"]
+)
 @pytest.mark.parametrize("n", [1, 1000])
 def test_every_bit_of_a_result_comes_through_as_copy_writes_it(
     dtype: torch.dtype, columns: int | None, n: int
