@@ -93,6 +93,9 @@ typedef struct {
     PyObject *target;  /* the output block: a plain CPU tensor, held for its memory */
     PyObject *targets; /* (target,), for increment_version */
     PyObject *dtype;   /* the target's torch.dtype (one object per dtype) */
+    /* Called with the sources that the vectorized loops do not copy, where given (a large block's
+     * `copy_values`, which beats the general loop there); else the general loop copies them. */
+    PyObject *fallback;
     long long dims;    /* 1: [rows] (columns 1), 2: [rows, columns] */
     long long rows, columns, itemsize;
     long long strides[2];  /* the target's, in elements (0 for a missing second axis) */
@@ -197,8 +200,9 @@ static const split_rows_function split_rows[4][3] = {
 };
 
 /* The copy of the source's values (at `source_address`, `source_steps` bytes apart) into the
- * block's, which lie apart from them. */
-static void copy_values(const BlockWriter *self, char *target_address, const char *source_address,
+ * block's, which lie apart from them: 1 where copied, 0 where only the general loop would copy
+ * them and the writer has a fallback. */
+static int copy_values(const BlockWriter *self, char *target_address, const char *source_address,
                         const long long source_steps[2]) {
     const long long rows = self->rows, columns = self->columns, itemsize = self->itemsize;
     const long long target_steps[2] = {self->strides[0] * itemsize, self->strides[1] * itemsize};
@@ -208,14 +212,15 @@ static void copy_values(const BlockWriter *self, char *target_address, const cha
             memcpy(target_address + column * target_steps[1],
                    source_address + column * source_steps[1], (size_t)(rows * itemsize));
         }
-        return;
+        return 1;
     }
     int width = itemsize == 1 ? 0 : itemsize == 2 ? 1 : itemsize == 4 ? 2 : itemsize == 8 ? 3 : -1;
     if (width >= 0 && columns >= 2 && columns <= 4 && target_steps[0] == itemsize &&
         source_steps[1] == itemsize && source_steps[0] == columns * itemsize) {
         split_rows[width][columns - 2](target_address, target_steps[1], source_address, rows);
-        return;
+        return 1;
     }
+    if (self->fallback != NULL) return 0;
     switch (itemsize) {
         case 1: COPY_AS(uint8_t) break;
         case 2: COPY_AS(uint16_t) break;
@@ -223,6 +228,7 @@ static void copy_values(const BlockWriter *self, char *target_address, const cha
         case 8: COPY_AS(uint64_t) break;
         case 16: COPY_AS(sixteen_bytes) break;
     }
+    return 1;
 }
 
 /* writer(source): copy `source`, a tensor of the block's shape, dtype and device (the caller
@@ -258,24 +264,32 @@ static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *arg
         extent(self, target_address, self->strides, &target_low, &target_high);
         readable = target_address != NULL && (source_high <= target_low || target_high <= source_low);
     }
-    if (!readable || (self->itemsize != 1 && self->itemsize != 2 && self->itemsize != 4 &&
-                      self->itemsize != 8 && self->itemsize != 16)) {
-        return PyObject_CallMethodOneArg(self->target, names[COPY], source);
-    }
     const long long source_steps[2] = {source_strides[0] * self->itemsize,
                                        source_strides[1] * self->itemsize};
-    copy_values(self, target_address, source_address, source_steps);
+    if (!readable || (self->itemsize != 1 && self->itemsize != 2 && self->itemsize != 4 &&
+                      self->itemsize != 8 && self->itemsize != 16) ||
+        !copy_values(self, target_address, source_address, source_steps)) {
+        if (self->fallback != NULL) return PyObject_CallOneArg(self->fallback, source);
+        return PyObject_CallMethodOneArg(self->target, names[COPY], source);
+    }
     return PyObject_CallOneArg(increment_version,
                                increment_takes_tuple ? self->targets : self->target);
 }
 
-/* BlockWriter(target): its geometry read off the block, a plain CPU tensor of one or two axes
- * holding at least one element, whose values lie apart (no stride 0), without a neg or conj bit
- * (the caller checks the device). ValueError for any other. */
+/* BlockWriter(target, fallback=None): its geometry read off the block, a plain CPU tensor of one
+ * or two axes holding at least one element, whose values lie apart (no stride 0), without a neg
+ * or conj bit (the caller checks the device). ValueError for any other. `fallback`, a callable
+ * or None: see the struct's field. */
 static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *target;
-    static char *keywords[] = {"target", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", keywords, &target)) return NULL;
+    PyObject *target, *fallback = Py_None;
+    static char *keywords[] = {"target", "fallback", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O", keywords, &target, &fallback)) {
+        return NULL;
+    }
+    if (fallback != Py_None && !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "BlockWriter: the fallback is neither callable nor None");
+        return NULL;
+    }
     if (increment_version == NULL || Py_TYPE(target) != (PyTypeObject *)tensor_type) {
         PyErr_SetString(PyExc_ValueError, "BlockWriter: the block is not a plain torch.Tensor "
                                           "(or set_torch was not called)");
@@ -315,6 +329,7 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->target = Py_NewRef(target);
     self->targets = PyTuple_Pack(1, target);
     self->dtype = PyObject_GetAttr(target, names[DTYPE]);
+    self->fallback = fallback == Py_None ? NULL : Py_NewRef(fallback);
     if (self->targets == NULL || self->dtype == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -334,6 +349,7 @@ static int BlockWriter_traverse(BlockWriter *self, visitproc visit, void *arg) {
     Py_VISIT(self->target);
     Py_VISIT(self->targets);
     Py_VISIT(self->dtype);
+    Py_VISIT(self->fallback);
     return 0;
 }
 
@@ -341,6 +357,7 @@ static int BlockWriter_clear(BlockWriter *self) {
     Py_CLEAR(self->target);
     Py_CLEAR(self->targets);
     Py_CLEAR(self->dtype);
+    Py_CLEAR(self->fallback);
     return 0;
 }
 
@@ -353,8 +370,9 @@ static void BlockWriter_dealloc(BlockWriter *self) {
 static PyTypeObject BlockWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "soagen.runtime._blocks.BlockWriter",
-    .tp_doc = "BlockWriter(target): called with a source tensor of the block's shape, dtype and "
-              "device, writes it into the block (a plain CPU tensor of one or two axes).",
+    .tp_doc = "BlockWriter(target, fallback=None): called with a source tensor of the block's "
+              "shape, dtype and device, writes it into the block (a plain CPU tensor of one or "
+              "two axes); fallback(source) writes what its vectorized loops do not.",
     .tp_basicsize = sizeof(BlockWriter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(BlockWriter, vectorcall),

@@ -381,13 +381,16 @@ def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:
 def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
     """`copy_values(target, source)` as a function of the source, made once for an output block
     that takes many results, each of the block's shape, dtype and device (the caller checks them).
-    Below `_STRIDED_COPY_MIN` values, a CPU block of one or two axes is written by the compiled
-    loop of `soagen.runtime._blocks` where it was built (1-2 us less than copy_ at a thousand
-    rows, once a model has run), else by its own `copy_`, a call with no Python frame."""
+    A CPU block of one or two axes under `_SPLIT_ROWS_MIN` values is written by the compiled
+    loops of `soagen.runtime._blocks` where they were built: a row-major result of 2-4 values a
+    row, or contiguous columns, by vectorized loops at any such size (a [1e4, 2] float32 result:
+    4 against 18 us), any other layout by a general loop under `_STRIDED_COPY_MIN` values (1-2 us
+    less than copy_ at a thousand rows, once a model has run) and by `copy_values` above. Where
+    they were not built, small blocks are written by their own `copy_` (no Python frame)."""
     count, on_cpu = target.numel(), target.device.type == "cpu"
     small = count < _STRIDED_COPY_MIN
     if (
-        small
+        count < _SPLIT_ROWS_MIN
         and _BlockWriter is not None
         and on_cpu
         and target.dtype != torch.bool  # copy_ makes any nonzero byte 1
@@ -396,7 +399,7 @@ def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
         # It reads the block's geometry, and refuses what it cannot write (three axes, a
         # subclass, an empty block).
         with contextlib.suppress(ValueError):
-            return _BlockWriter(target)
+            return _BlockWriter(target, None if small else functools.partial(copy_values, target))
     if small or not on_cpu:
         return target.copy_
     return functools.partial(copy_values, target)
