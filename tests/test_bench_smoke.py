@@ -61,6 +61,34 @@ def test_output_check_rejects_a_wrong_result_and_a_path_that_writes_nothing() ->
         bench.check(case, "wrong", lambda: None)
 
 
+def test_side_by_side_ratios_compare_each_rounds_two_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`time_side_by_side` divides the second path's sample by the first's within each round, and
+    judges the eager targets on their median; read off a clock that each call moves by a set
+    amount, one that slows down halfway as a busy host does."""
+    bench = bench_models()
+    clock = [0.0]
+    slowdown = [1.0]
+
+    def first() -> None:
+        clock[0] += 1e-3 * slowdown[0]
+
+    def second() -> None:
+        clock[0] += 1.25e-3 * slowdown[0]
+        if clock[0] > 0.5:
+            slowdown[0] = 3.0  # both paths, from here on
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    found = bench.time_side_by_side(first, second, lambda: None, budget_s=1.0, sample_s=4e-3)
+    assert found["calls_per_sample"] == 2 and found["rounds"] == 222
+    assert found["ratio"] == pytest.approx(1.25)
+    assert found["q1"] <= found["ratio"] <= found["q3"] < 1.3
+    judged = bench.eager_judgement(found, 1.4, 1.15)
+    assert judged.startswith("1.25x MISSED side by side") and "round-robin medians 1.40x" in judged
+    assert bench.eager_judgement(None, 1.1, 1.15) == "1.10x ok (round-robin medians)"
+
+
 def test_gpu_targets_are_judged_from_a_report() -> None:
     bench = bench_models()
 
@@ -188,8 +216,14 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         assert f"- {model}, fastest soagen vs ONNX Runtime: 1e3:" in judged.stdout
         assert f"- {model}, binding layer at n = " in judged.stdout
         assert re.search(
-            rf"- {model}, eager vs ideal at n = 1e3 \(target <= 1.15x\): [\d.]+x (ok|MISSED)",
+            rf"- {model}, eager vs ideal at n = 1e3 \(target <= 1.15x\): [\d.]+x (ok|MISSED) "
+            rf"side by side \(quartiles [\d.]+-[\d.]+x, \d+ rounds\)",
             judged.stdout,
+        )
+        paired = report["side_by_side"]["cpu"][model]["1000"]
+        assert paired["q1"] <= paired["ratio"] <= paired["q3"] and paired["rounds"] >= 20
+        assert f"- {model}, eager vs ideal at n >= 1e5 (target <= 1.05x): not judged (" in (
+            judged.stdout
         )
         # No n >= 1e5 in a smoke run: the line says so instead of staying empty.
         assert f"- {model}, fastest soagen vs ideal (n >= 1e5): not judged (" in judged.stdout
