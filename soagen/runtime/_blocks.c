@@ -1,4 +1,6 @@
-/* A model's result written into its output block, for `soagen.runtime.buffers.block_writer`.
+/* The compiled parts of a planned call (`soagen.runtime.model`): a model's result written into its
+ * output block (`BlockWriter`, for `soagen.runtime.buffers.block_writer`), and the model's run
+ * around it (`ModelRun`).
  *
  * `torch.Tensor.copy_` between small CPU tensors spends about a microsecond building its
  * TensorIterator, and once a model has run, that code is out of the instruction cache again: for a
@@ -6,7 +8,9 @@
  * addresses and strides, read through their public Python methods, so this file needs CPython's
  * headers only. What it does not copy itself (a tensor subclass, a negative or conjugate view, a
  * tensor without strided memory, memory shared with the block) goes to `target.copy_(source)`,
- * which copies it, or refuses it, as it always does.
+ * which copies it, or refuses it, as it always does. Likewise the Python frames around the model
+ * cost more than their work once it has run; `ModelRun` does that work for a call that goes as it
+ * should and hands any other to the Python function that checks it.
  *
  * Built by `pip install` (pyproject.toml: an optional extension); after editing this file, run
  * `pip install -e .` again.
@@ -26,11 +30,11 @@ static int increment_takes_tuple = 1;
 /* The names read off tensors, interned once by the module's init. */
 enum {
     DATA_PTR, STRIDE, IS_NEG, IS_CONJ, COPY, SHAPE, STORAGE_OFFSET, DIM, ELEMENT_SIZE, IS_COMPLEX,
-    DTYPE, IS_CPU, NAME_COUNT
+    DTYPE, IS_CPU, VERSION, ENTER, EXIT, NAME_COUNT
 };
 static const char *const name_texts[NAME_COUNT] = {
     "data_ptr", "stride", "is_neg", "is_conj", "copy_", "shape", "storage_offset", "dim",
-    "element_size", "is_complex", "dtype", "is_cpu",
+    "element_size", "is_complex", "dtype", "is_cpu", "_version", "__enter__", "__exit__",
 };
 static PyObject *names[NAME_COUNT];
 
@@ -383,6 +387,281 @@ static PyTypeObject BlockWriterType = {
     .tp_call = PyVectorcall_Call,
 };
 
+
+/* A call plan's model run (`soagen.runtime.model.ModelBinding._model_call`), for backends that
+ * return their results: the inputs' version counters read, the runner called under the guard,
+ * then, where the run went as it should (the counters unmoved, results that are plain tensors
+ * of their blocks' signatures), each result written by its block's writer. Anything else goes,
+ * with what was read, to `finish`: the Python function that checks it, says what went wrong, and
+ * writes what it must. The run, the checks and the write are what `finish` does for the same
+ * result; this only spares a well-behaved call the Python frames. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *runner;     /* runner(views) -> the model's return value */
+    PyObject *guard;      /* guard(True): a context manager the runner runs in; NULL for none */
+    PyObject *signature;  /* signature(tensor) -> (shape, dtype, device) */
+    PyObject *signatures; /* a tuple: each output block's signature, in schema order */
+    PyObject *writers;    /* a tuple: each output block's writer, in schema order */
+    PyObject *finish;     /* finish(views, versions or None, result) -> list of results */
+    int watched;          /* whether the views' version counters are compared around the run */
+} ModelRun;
+
+/* Each view's version counter into `versions` (`count` of them); -1 with an exception set. */
+static int read_versions(PyObject *const *views, Py_ssize_t count, long long *versions) {
+    for (Py_ssize_t position = 0; position < count; position++) {
+        PyObject *version = PyObject_GetAttr(views[position], names[VERSION]);
+        if (version == NULL) return -1;
+        versions[position] = PyLong_AsLongLong(version);
+        Py_DECREF(version);
+        if (versions[position] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* The runner on `views` inside the guard, as a `with` statement runs it; its return value, or
+ * NULL with an exception set. */
+static PyObject *run_guarded(ModelRun *self, PyObject *views) {
+    if (self->guard == NULL) return PyObject_CallOneArg(self->runner, views);
+    PyObject *context = PyObject_CallOneArg(self->guard, Py_True);
+    if (context == NULL) return NULL;
+    PyObject *entered = PyObject_CallMethodNoArgs(context, names[ENTER]);
+    if (entered == NULL) {
+        Py_DECREF(context);
+        return NULL;
+    }
+    Py_DECREF(entered);
+    PyObject *result = PyObject_CallOneArg(self->runner, views);
+    PyObject *exited;
+    if (result != NULL) {
+        exited = PyObject_CallMethodObjArgs(context, names[EXIT], Py_None, Py_None, Py_None, NULL);
+    } else {
+        /* The runner's exception goes on once the guard has exited (an error of its own
+         * replaces it); these guards never swallow one. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+        exited = PyObject_CallMethodObjArgs(context, names[EXIT], type, value,
+                                            traceback != NULL ? traceback : Py_None, NULL);
+        if (exited != NULL) {
+            PyErr_Restore(type, value, traceback);
+        } else {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+        }
+    }
+    Py_DECREF(context);
+    if (exited == NULL) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    Py_DECREF(exited);
+    return result;
+}
+
+/* run(views): the model run on `views` (a list), its results written; returns them as a list. */
+static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    ModelRun *self = (ModelRun *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "ModelRun takes the list of input views");
+        return NULL;
+    }
+    if (self->runner == NULL || self->signatures == NULL || self->writers == NULL ||
+        self->finish == NULL || self->signature == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ModelRun: it was cleared");
+        return NULL;
+    }
+    PyObject *views = args[0];
+    if (!PyList_CheckExact(views)) {
+        PyErr_SetString(PyExc_TypeError, "ModelRun takes the list of input views");
+        return NULL;
+    }
+    /* The counters before the run, then after it; read off a copy of the list, which the runner
+     * may change. */
+    Py_ssize_t count = self->watched ? PyList_GET_SIZE(views) : 0;
+    long long stack_versions[32];
+    long long *versions = stack_versions;
+    PyObject *held = NULL;
+    if (count > 16) {
+        versions = PyMem_Malloc((size_t)count * 2 * sizeof(long long));
+        if (versions == NULL) return PyErr_NoMemory();
+    }
+    if (count > 0) {
+        held = PyList_GetSlice(views, 0, count);
+        if (held == NULL || read_versions(&PyList_GET_ITEM(held, 0), count, versions) < 0) {
+            goto failed;
+        }
+    }
+    PyObject *result = run_guarded(self, views);
+    if (result == NULL) goto failed;
+    int usual = 1;
+    if (count > 0) {
+        if (read_versions(&PyList_GET_ITEM(held, 0), count, versions + count) < 0) {
+            Py_DECREF(result);
+            goto failed;
+        }
+        usual = memcmp(versions, versions + count, (size_t)count * sizeof(long long)) == 0;
+    }
+    Py_ssize_t outputs = PyTuple_GET_SIZE(self->writers);
+    PyObject *single[1] = {result};
+    PyObject *const *results = single;
+    if (Py_TYPE(result) == (PyTypeObject *)tensor_type) {
+        usual = usual && outputs == 1;
+    } else if (PyTuple_CheckExact(result) && PyTuple_GET_SIZE(result) == outputs) {
+        results = &PyTuple_GET_ITEM(result, 0);
+    } else if (PyList_CheckExact(result) && PyList_GET_SIZE(result) == outputs) {
+        results = &PyList_GET_ITEM(result, 0);
+    } else {
+        usual = 0;
+    }
+    for (Py_ssize_t position = 0; usual && position < outputs; position++) {
+        if (Py_TYPE(results[position]) != (PyTypeObject *)tensor_type) {
+            usual = 0;
+            break;
+        }
+        PyObject *signature = PyObject_CallOneArg(self->signature, results[position]);
+        if (signature == NULL) {
+            Py_DECREF(result);
+            goto failed;
+        }
+        int same = PyObject_RichCompareBool(signature, PyTuple_GET_ITEM(self->signatures, position),
+                                            Py_EQ);
+        Py_DECREF(signature);
+        if (same < 0) {
+            Py_DECREF(result);
+            goto failed;
+        }
+        usual = same;
+    }
+    PyObject *written = NULL;
+    if (!usual) {
+        /* `finish` checks all of it again and says what went wrong (or writes what is right). */
+        PyObject *read = Py_None;
+        if (count > 0) {
+            read = PyList_New(count);
+            for (Py_ssize_t position = 0; read != NULL && position < count; position++) {
+                PyObject *version = PyLong_FromLongLong(versions[position]);
+                if (version == NULL) Py_CLEAR(read);
+                else PyList_SET_ITEM(read, position, version);
+            }
+            if (read == NULL) {
+                Py_DECREF(result);
+                goto failed;
+            }
+        } else {
+            Py_INCREF(read);
+        }
+        written = PyObject_CallFunctionObjArgs(self->finish, views, read, result, NULL);
+        Py_DECREF(read);
+        Py_DECREF(result);
+        goto done;
+    }
+    /* A list of the results, held while they are written: a writer may run Python code. */
+    written = PyList_New(outputs);
+    if (written == NULL) {
+        Py_DECREF(result);
+        goto failed;
+    }
+    for (Py_ssize_t position = 0; position < outputs; position++) {
+        PyList_SET_ITEM(written, position, Py_NewRef(results[position]));
+    }
+    Py_DECREF(result);
+    for (Py_ssize_t position = 0; position < outputs; position++) {
+        PyObject *done = PyObject_CallOneArg(PyTuple_GET_ITEM(self->writers, position),
+                                             PyList_GET_ITEM(written, position));
+        if (done == NULL) {
+            Py_CLEAR(written);
+            break;
+        }
+        Py_DECREF(done);
+    }
+    goto done;
+failed:
+    written = NULL;
+done:
+    Py_XDECREF(held);
+    if (versions != stack_versions) PyMem_Free(versions);
+    return written;
+}
+
+/* ModelRun(runner, guard, signature, signatures, writers, finish, watched): see the struct. */
+static PyObject *ModelRun_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *runner, *guard, *signature, *signatures, *writers, *finish;
+    int watched;
+    static char *keywords[] = {"runner", "guard", "signature", "signatures", "writers", "finish",
+                               "watched", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO!O!Op", keywords, &runner, &guard,
+                                     &signature, &PyTuple_Type, &signatures, &PyTuple_Type,
+                                     &writers, &finish, &watched)) {
+        return NULL;
+    }
+    if (tensor_type == NULL || !PyCallable_Check(runner) || !PyCallable_Check(signature) ||
+        !PyCallable_Check(finish) || (guard != Py_None && !PyCallable_Check(guard)) ||
+        PyTuple_GET_SIZE(writers) == 0 ||
+        PyTuple_GET_SIZE(writers) != PyTuple_GET_SIZE(signatures)) {
+        PyErr_SetString(PyExc_ValueError, "ModelRun: callables for runner, guard (or None), "
+                                          "signature and finish, and one signature per writer "
+                                          "(or set_torch was not called)");
+        return NULL;
+    }
+    ModelRun *self = (ModelRun *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = ModelRun_vectorcall;
+    self->runner = Py_NewRef(runner);
+    self->guard = guard == Py_None ? NULL : Py_NewRef(guard);
+    self->signature = Py_NewRef(signature);
+    self->signatures = Py_NewRef(signatures);
+    self->writers = Py_NewRef(writers);
+    self->finish = Py_NewRef(finish);
+    self->watched = watched;
+    return (PyObject *)self;
+}
+
+static int ModelRun_traverse(ModelRun *self, visitproc visit, void *arg) {
+    Py_VISIT(self->runner);
+    Py_VISIT(self->guard);
+    Py_VISIT(self->signature);
+    Py_VISIT(self->signatures);
+    Py_VISIT(self->writers);
+    Py_VISIT(self->finish);
+    return 0;
+}
+
+static int ModelRun_clear(ModelRun *self) {
+    Py_CLEAR(self->runner);
+    Py_CLEAR(self->guard);
+    Py_CLEAR(self->signature);
+    Py_CLEAR(self->signatures);
+    Py_CLEAR(self->writers);
+    Py_CLEAR(self->finish);
+    return 0;
+}
+
+static void ModelRun_dealloc(ModelRun *self) {
+    PyObject_GC_UnTrack(self);
+    ModelRun_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ModelRunType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "soagen.runtime._blocks.ModelRun",
+    .tp_doc = "ModelRun(runner, guard, signature, signatures, writers, finish, watched): called "
+              "with the list of input views, runs the model on them and writes its results, or "
+              "hands what it read to finish(views, versions, result).",
+    .tp_basicsize = sizeof(ModelRun),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(ModelRun, vectorcall),
+    .tp_new = ModelRun_new,
+    .tp_traverse = (traverseproc)ModelRun_traverse,
+    .tp_clear = (inquiry)ModelRun_clear,
+    .tp_dealloc = (destructor)ModelRun_dealloc,
+    .tp_call = PyVectorcall_Call,
+};
+
 static PyMethodDef methods[] = {
     {"set_torch", (PyCFunction)(void (*)(void))set_torch, METH_FASTCALL,
      "set_torch(torch.Tensor, torch._C._increment_version, takes_tuple)"},
@@ -391,7 +670,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "soagen.runtime._blocks",
-    "A model's result written into its output block (see soagen.runtime.buffers.block_writer).",
+    "The compiled parts of a planned call: BlockWriter (see soagen.runtime.buffers.block_writer) "
+    "and ModelRun (see soagen.runtime.model.ModelBinding._model_call).",
     -1, methods,
 };
 
@@ -400,10 +680,11 @@ PyMODINIT_FUNC PyInit__blocks(void) {
         names[name] = PyUnicode_InternFromString(name_texts[name]);
         if (names[name] == NULL) return NULL;
     }
-    if (PyType_Ready(&BlockWriterType) < 0) return NULL;
+    if (PyType_Ready(&BlockWriterType) < 0 || PyType_Ready(&ModelRunType) < 0) return NULL;
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL) return NULL;
-    if (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&BlockWriterType) < 0) {
+    if (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&BlockWriterType) < 0 ||
+        PyModule_AddObjectRef(module, "ModelRun", (PyObject *)&ModelRunType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -1,4 +1,4 @@
-"""A model's result written into its output block (`soagen/runtime/_blocks.c`)."""
+"""The compiled parts of a planned call (`soagen/runtime/_blocks.c`)."""
 
 from typing import Any
 
@@ -7,3 +7,16 @@ def set_torch(tensor_type: type[Any], increment_version: Any, takes_tuple: bool,
 class BlockWriter:
     def __init__(self, target: Any, fallback: Any = None) -> None: ...
     def __call__(self, source: Any, /) -> object: ...
+
+class ModelRun:
+    def __init__(
+        self,
+        runner: Any,
+        guard: Any,
+        signature: Any,
+        signatures: tuple[Any, ...],
+        writers: tuple[Any, ...],
+        finish: Any,
+        watched: bool,
+    ) -> None: ...
+    def __call__(self, views: list[Any], /) -> list[Any]: ...

@@ -48,7 +48,7 @@ from soagen.runtime.errors import (
 )
 
 if typing.TYPE_CHECKING:
-    from soagen.runtime._blocks import BlockWriter
+    from soagen.runtime._blocks import BlockWriter, ModelRun
 
 DeviceLike = str | torch.device
 
@@ -196,14 +196,14 @@ def typed_view(buffer: torch.Tensor, dtype: str) -> torch.Tensor:
         return torch.utils.dlpack.from_dlpack(buffer).view(target)
 
 
-# The compiled write-back (`soagen/runtime/_blocks.c`), where the install built it.
-def _load_block_writer_type() -> type[BlockWriter] | None:
+# The compiled parts of a planned call (`soagen/runtime/_blocks.c`), where the install built them.
+def _load_compiled() -> tuple[type[BlockWriter], type[ModelRun]] | tuple[None, None]:
     try:
-        from soagen.runtime._blocks import BlockWriter, set_torch
+        from soagen.runtime._blocks import BlockWriter, ModelRun, set_torch
     except ImportError:
-        return None
+        return None, None
     set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
-    return BlockWriter
+    return BlockWriter, ModelRun
 
 
 def _increment_takes_tuple() -> bool:
@@ -217,7 +217,7 @@ def _increment_takes_tuple() -> bool:
     return True
 
 
-_BlockWriter = _load_block_writer_type()
+_BlockWriter, _ModelRun = _load_compiled()
 
 
 # ATen copies a CPU matrix whose transpose is contiguous through square tiles once it holds this

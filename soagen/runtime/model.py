@@ -110,8 +110,8 @@ class _CallPlan:
         # The model's run on the views, its results checked and written (`_model_call`).
         self.model_call = model_call
         # The whole call as one function where nothing is left to do before the model: no index
-        # check, no version counter, no inference mode (packages, ONNX Runtime, a CUDA graph's
-        # replay, a call with every output empty); else None.
+        # check, no views to remake for a call outside inference mode (`_run_plan`); a CUDA
+        # graph's replay, a call with every output empty. Else None.
         self.call = call
 
 
@@ -427,7 +427,16 @@ class ModelBinding:
             key = tuple(map(id, collections))
             plan = self._plans.get(key)
             if plan is not None:
-                self._run_plan(plan, collections)
+                call = plan.call
+                if call is None:
+                    self._run_plan(plan, collections)
+                    return
+                # `_run_plan`'s first case, without its frame.
+                try:
+                    call()
+                except BaseException as error:
+                    self._failed_plan(plan, error)
+                    raise
                 return
         first_output = len(self._input_names)
         self._run_checked(
@@ -630,6 +639,9 @@ class ModelBinding:
         # arguments are these views (and output blocks) at every call, but for contiguous copies,
         # made anew per call: a backend may check them once now.
         backend = self._backend
+        in_inference_mode = (
+            torch.is_inference_mode_enabled() if backend.moves_version_counters else None
+        )
         model_call = None
         call: typing.Callable[[], object] | None = _nothing
         if targets is not None:
@@ -638,19 +650,22 @@ class ModelBinding:
             runner = backend.on(device) if copies else backend.on_fixed_inputs(device, arguments)
             model_call = self._model_call(runner, targets, repeated=True)
             call = None
-            if not (checks or backend.moves_version_counters or backend.records_autograd):
+            # With nothing to do per call but the run: index checks and views made inside
+            # inference mode (`_run_plan`) are not.
+            if not (checks or in_inference_mode):
                 call = (
                     functools.partial(runner, arguments)
-                    if backend.writes_outputs and not copies
+                    if backend.writes_outputs
+                    and not copies
+                    and not backend.moves_version_counters
+                    and not backend.records_autograd
                     else functools.partial(model_call, views)
                 )
         plan = _CallPlan(
             key=key,
             collections=self._plan_references(key, collections),
             views=views,
-            in_inference_mode=(
-                torch.is_inference_mode_enabled() if backend.moves_version_counters else None
-            ),
+            in_inference_mode=in_inference_mode,
             index_checks=tuple(checks),
             model_index_checks=tuple(model_checks),
             model_call=model_call,
@@ -861,29 +876,18 @@ class ModelBinding:
             for target in (() if writes_outputs else targets or ())
         ]
 
-        def model_call(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-            versions = list(map(_VERSION, views)) if watched else None
-            arguments = views
-            if copied is not None:
-                arguments = [
-                    buffers.contiguous_copy(view) if copy_it else view
-                    for copy_it, view in zip(copied, views, strict=True)
-                ]
+        def finish(
+            views: Sequence[torch.Tensor], versions: list[int] | None, result: object
+        ) -> list[torch.Tensor]:
+            """Everything after the run: `versions`, the views' counters before it (None where
+            not watched); `result`, the model's return value (None for a package that wrote)."""
             if writes_outputs:
-                # The package checks the output blocks' geometry with the inputs' and writes them.
-                runner([*arguments, *typing.cast(Sequence["torch.Tensor"], targets)])
                 results = list(typing.cast(Sequence["torch.Tensor"], targets))
+            # `outputs_in_schema_order`'s first case, without its frame.
+            elif single_output and isinstance(result, tensor_type):
+                results = [result]
             else:
-                if guard is None:
-                    result = runner(arguments)
-                else:
-                    with guard(True):
-                        result = runner(arguments)
-                # `outputs_in_schema_order`'s first case, without its frame.
-                if single_output and isinstance(result, tensor_type):
-                    results = [result]
-                else:
-                    results = outputs_in_schema_order(cls, result)
+                results = outputs_in_schema_order(cls, result)
             if versions is not None and list(map(_VERSION, views)) != versions:
                 _check_versions(cls, protect_inputs, views, versions)
             if targets is not None and not writes_outputs:
@@ -894,6 +898,42 @@ class ModelBinding:
                 for position, write in enumerate(writers):
                     write(results[position])
             return results
+
+        if (
+            repeated
+            and buffers._ModelRun is not None
+            and targets is not None
+            and not writes_outputs
+            and copied is None
+        ):
+            # `finish` for the calls that go otherwise; those that go as they should, without
+            # the Python frames (`soagen/runtime/_blocks.c`). It takes the views as a list, as
+            # plans hold them.
+            return typing.cast(
+                _ModelCall,
+                buffers._ModelRun(
+                    runner, guard, _SIGNATURE, tuple(signatures), tuple(writers), finish, watched
+                ),
+            )
+
+        def model_call(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            versions = list(map(_VERSION, views)) if watched else None
+            arguments = views
+            if copied is not None:
+                arguments = [
+                    buffers.contiguous_copy(view) if copy_it else view
+                    for copy_it, view in zip(copied, views, strict=True)
+                ]
+            result = None
+            if writes_outputs:
+                # The package checks the output blocks' geometry with the inputs' and writes them.
+                runner([*arguments, *typing.cast(Sequence["torch.Tensor"], targets)])
+            elif guard is None:
+                result = runner(arguments)
+            else:
+                with guard(True):
+                    result = runner(arguments)
+            return finish(views, versions, result)
 
         return model_call
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from soagen.runtime import buffers
 from soagen.runtime.model import IndexRangeError, InputModifiedError, ModelBinding, OutputError
 from tests.helpers import generate_package, import_generated
 from tests.runtime.test_model import MLP_SCHEMA
@@ -26,6 +27,17 @@ def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     (root / "plans.soa").write_text(MLP_SCHEMA)
     generate_package(root / "plans.soa", root, "pkg_plans")
     return import_generated(root, "pkg_plans", "plans")
+
+
+@pytest.fixture(autouse=True, params=["compiled run", "python run"])
+def model_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the compiled model run of call plans (`soagen/runtime/_blocks.c`, where the
+    install built it) and with the Python function it stands in for."""
+    if request.param == "compiled run" and buffers._ModelRun is None:
+        pytest.skip("soagen.runtime._blocks was not built by this install")
+    if request.param == "python run":
+        monkeypatch.setattr(buffers, "_ModelRun", None)
+    return typing.cast(str, request.param)
 
 
 class Gather(nn.Module):
@@ -70,6 +82,28 @@ def test_a_repeated_call_runs_its_plan_and_sees_new_values(module) -> None:  # t
     model(points, out=scores)
     (again,) = model._plans.values()
     assert again is plan and again.views[0].data_ptr() == points.x.data_ptr()
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_an_eager_plan_runs_in_one_call_through_the_compiled_run_where_built(
+    module, model_runs
+) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bool] = []
+
+    class Scaled(Linear):
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.is_inference_mode_enabled())
+            return super().forward(points)
+
+    net = Scaled()
+    model = module.Mlp(net)
+    points, scores, plan = _planned(module, model, 50)
+    assert plan.call is not None  # no index check, views made outside inference mode
+    compiled = buffers._ModelRun is not None and isinstance(plan.model_call, buffers._ModelRun)
+    assert compiled == (model_runs == "compiled run")
+    points.y.add_(2.0)
+    model(points, out=scores)
+    assert seen == [True, True, True] and not torch.is_inference_mode_enabled()
     torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
 
 

@@ -1,0 +1,254 @@
+"""The compiled model run of call plans (`ModelRun` in `soagen/runtime/_blocks.c`): a call that goes
+as it should is run, checked and written without Python frames; any other goes, with what was
+read, to the Python function that checks it (`finish`), as it would without the compiled run."""
+
+from __future__ import annotations
+
+import gc
+import typing
+import weakref
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from soagen.runtime import buffers
+from soagen.runtime.model import _SIGNATURE
+
+if typing.TYPE_CHECKING:
+    from soagen.runtime._blocks import ModelRun
+
+pytestmark = pytest.mark.skipif(
+    buffers._ModelRun is None, reason="soagen.runtime._blocks was not built by this install"
+)
+MODEL_RUN = typing.cast("type[ModelRun]", buffers._ModelRun)
+
+
+class Recorder:
+    """The runner, writers, guard and `finish` of a ModelRun, each noting its calls."""
+
+    def __init__(self, results: object, *, move_version_of: int | None = None) -> None:
+        self.results = results
+        self.move_version_of = move_version_of
+        self.events: list[tuple[object, ...]] = []
+
+    def runner(self, views: list[torch.Tensor]) -> object:
+        self.events.append(("run", views))
+        if self.move_version_of is not None:
+            views[self.move_version_of].add_(0)  # a write, as a model that wrote its input
+        return self.results
+
+    def writer(self, position: int) -> typing.Callable[[torch.Tensor], None]:
+        def write(result: torch.Tensor) -> None:
+            self.events.append(("write", position, result))
+
+        return write
+
+    def finish(
+        self, views: Sequence[torch.Tensor], versions: list[int] | None, result: object
+    ) -> list[str]:
+        self.events.append(("finish", views, versions, result))
+        return ["finished"]
+
+    def guard(self, mode: bool) -> Guard:
+        return Guard(self, mode)
+
+
+class Guard:
+    def __init__(self, recorder: Recorder, mode: bool) -> None:
+        self.recorder, self.mode = recorder, mode
+
+    def __enter__(self) -> None:
+        self.recorder.events.append(("enter", self.mode))
+
+    def __exit__(self, *exception: object) -> None:
+        self.recorder.events.append(("exit", *exception))
+
+
+def _run(
+    recorder: Recorder,
+    blocks: Sequence[torch.Tensor],
+    *,
+    guarded: bool = True,
+    watched: bool = True,
+) -> ModelRun:
+    return MODEL_RUN(
+        recorder.runner,
+        recorder.guard if guarded else None,
+        _SIGNATURE,
+        tuple(_SIGNATURE(block) for block in blocks),
+        tuple(recorder.writer(position) for position in range(len(blocks))),
+        recorder.finish,
+        watched,
+    )
+
+
+def _views(count: int = 2) -> list[torch.Tensor]:
+    buffer = torch.zeros(4 * count)
+    return [buffer[4 * i : 4 * i + 4].view(2, 2) for i in range(count)]
+
+
+def test_a_call_that_goes_as_it_should_runs_in_the_guard_and_writes_each_result() -> None:
+    first, second = torch.ones(3, 2), torch.ones(3)
+    for results, written in (
+        (first, [first]),
+        ((first, second), [first, second]),
+        ([first, second], [first, second]),
+    ):
+        recorder = Recorder(results)
+        run = _run(recorder, written)
+        views = _views()
+        assert run(views) == written
+        assert recorder.events[0] == ("enter", True)
+        assert recorder.events[1] == ("run", views)
+        assert recorder.events[1][1] is views  # the plan's own list
+        assert recorder.events[2] == ("exit", None, None, None)
+        assert [event[:2] for event in recorder.events[3:]] == [
+            ("write", position) for position in range(len(written))
+        ]
+        assert all(
+            event[2] is result for event, result in zip(recorder.events[3:], written, strict=True)
+        )
+
+
+def test_without_a_guard_the_runner_runs_alone() -> None:
+    result = torch.ones(3, 2)
+    recorder = Recorder(result)
+    _run(recorder, [result], guarded=False, watched=False)(_views())
+    assert [event[0] for event in recorder.events] == ["run", "write"]
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        torch.ones(4, 2),  # another shape
+        torch.ones(3, 2, dtype=torch.float64),  # another dtype
+        torch.ones(3, 2).as_subclass(torch.nn.Parameter),  # a subclass
+        {"scores": torch.ones(3, 2)},  # a mapping: `finish` puts it in schema order
+        (torch.ones(3, 2), torch.ones(3, 2)),  # more results than outputs
+        [7],  # not a tensor
+        None,
+    ],
+    ids=["shape", "dtype", "subclass", "dict", "count", "int", "None"],
+)
+def test_any_other_result_goes_to_finish_unwritten(results: object) -> None:
+    recorder = Recorder(results)
+    views = _views()
+    assert _run(recorder, [torch.ones(3, 2)])(views) == ["finished"]
+    assert [event[0] for event in recorder.events] == ["enter", "run", "exit", "finish"]
+    _, seen_views, versions, result = recorder.events[-1]
+    assert seen_views is views and result is results
+    assert versions == [view._version for view in views]
+
+
+@pytest.mark.parametrize("count", [2, 17, 40], ids=["2 views", "17 views", "40 views"])
+def test_a_moved_version_counter_goes_to_finish_with_the_counters_before(count: int) -> None:
+    result = torch.ones(3, 2)
+    views = [torch.zeros(2) for _ in range(count)]
+    before = [view._version for view in views]
+    recorder = Recorder(result, move_version_of=count - 1)
+    assert _run(recorder, [result])(views) == ["finished"]
+    assert recorder.events[-1] == ("finish", views, before, result)
+    assert views[-1]._version == before[-1] + 1
+    # Unwatched (a backend that moves no counters), the same call writes.
+    recorder = Recorder(result, move_version_of=count - 1)
+    assert _run(recorder, [result], watched=False)(views) == [result]
+    assert recorder.events[-1][0] == "write"
+
+
+def test_the_runners_error_passes_through_the_guard_and_an_error_of_the_guard_replaces_it() -> None:
+    class Fails(Recorder):
+        def runner(self, views: list[torch.Tensor]) -> object:
+            raise KeyError("model")
+
+    recorder = Fails(None)
+    with pytest.raises(KeyError, match="model") as raised:
+        _run(recorder, [torch.ones(1)])(_views())
+    kind, value, traceback = recorder.events[-1][1:]
+    assert kind is KeyError and value is raised.value and traceback is not None
+    assert recorder.events[0] == ("enter", True) and len(recorder.events) == 2
+
+    class ExitFails(Guard):
+        def __exit__(self, *exception: object) -> None:
+            raise ValueError("guard")
+
+    recorder = Fails(None)
+    recorder.guard = lambda mode: ExitFails(recorder, mode)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="guard"):
+        _run(recorder, [torch.ones(1)])(_views())
+
+
+def test_inference_mode_is_on_inside_the_run_and_off_after_it_even_after_an_error() -> None:
+    seen: list[bool] = []
+    result = torch.ones(2)
+
+    def runner(views: list[torch.Tensor]) -> torch.Tensor:
+        seen.append(torch.is_inference_mode_enabled())
+        if len(seen) == 2:
+            raise RuntimeError("second call")
+        return result
+
+    run = MODEL_RUN(
+        runner,
+        torch._C._InferenceMode,
+        _SIGNATURE,
+        (_SIGNATURE(result),),
+        (lambda source: None,),
+        lambda *read: pytest.fail(f"finish called with {read}"),
+        True,
+    )
+    run(_views())
+    assert not torch.is_inference_mode_enabled()
+    with pytest.raises(RuntimeError, match="second call"):
+        run(_views())
+    assert seen == [True, True] and not torch.is_inference_mode_enabled()
+
+
+def test_a_writers_error_is_raised() -> None:
+    result = torch.ones(2)
+
+    def refuses(source: torch.Tensor) -> None:
+        raise OSError("disk")
+
+    run = MODEL_RUN(
+        lambda views: result, None, _SIGNATURE, (_SIGNATURE(result),), (refuses,), print, False
+    )
+    with pytest.raises(OSError, match="disk"):
+        run(_views())
+
+
+def test_a_model_run_takes_only_what_it_can_run() -> None:
+    model_run = MODEL_RUN
+    signature = (_SIGNATURE(torch.ones(1)),)
+    with pytest.raises(ValueError, match="one signature per writer"):
+        model_run(print, None, _SIGNATURE, signature, (print, print), print, True)
+    with pytest.raises(ValueError, match="callables"):
+        model_run(print, 3, _SIGNATURE, signature, (print,), print, True)
+    with pytest.raises(ValueError, match="callables"):
+        model_run(print, None, _SIGNATURE, (), (), print, True)
+    with pytest.raises(TypeError):
+        model_run(print, None, _SIGNATURE, list(signature), (print,), print, True)
+    run = model_run(lambda views: None, None, _SIGNATURE, signature, (print,), print, True)
+    with pytest.raises(TypeError, match="list of input views"):
+        run((torch.ones(1),))
+    with pytest.raises(TypeError, match="list of input views"):
+        run([], views=[])
+
+
+def test_a_model_run_in_a_reference_cycle_is_collected() -> None:
+    result = torch.ones(1)
+
+    class Holder:
+        run: object = None
+
+        def runner(self, views: list[torch.Tensor]) -> object:
+            return result
+
+    holder = Holder()
+    holder.run = MODEL_RUN(
+        holder.runner, None, _SIGNATURE, (_SIGNATURE(result),), (print,), print, True
+    )
+    gone = weakref.ref(holder)
+    del holder
+    gc.collect()
+    assert gone() is None
