@@ -419,8 +419,9 @@ static int read_versions(PyObject *const *views, Py_ssize_t count, long long *ve
     return 0;
 }
 
-/* The runner on `views` inside the guard, as a `with` statement runs it; its return value, or
- * NULL with an exception set. */
+/* The runner on `views` inside the guard, as a `with` statement runs it: its return value (None
+ * where the guard swallowed the runner's exception), or NULL with an exception set. (Unlike a
+ * `with`, the guard's __exit__ does not see the exception in `sys.exc_info()`.) */
 static PyObject *run_guarded(ModelRun *self, PyObject *views) {
     if (self->guard == NULL) return PyObject_CallOneArg(self->runner, views);
     PyObject *context = PyObject_CallOneArg(self->guard, Py_True);
@@ -436,17 +437,29 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
     if (result != NULL) {
         exited = PyObject_CallMethodObjArgs(context, names[EXIT], Py_None, Py_None, Py_None, NULL);
     } else {
-        /* The runner's exception goes on once the guard has exited (an error of its own
-         * replaces it); these guards never swallow one. */
+        /* The runner's exception goes on once the guard has exited, unless __exit__ returns
+         * true; an error of the guard's own replaces it, with it as its context. */
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyErr_NormalizeException(&type, &value, &traceback);
         if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
         exited = PyObject_CallMethodObjArgs(context, names[EXIT], type, value,
                                             traceback != NULL ? traceback : Py_None, NULL);
-        if (exited != NULL) {
+        int swallowed = exited != NULL ? PyObject_IsTrue(exited) : -1;
+        if (swallowed == 1) {
+            result = Py_NewRef(Py_None);
+        }
+        if (swallowed == 0) {
             PyErr_Restore(type, value, traceback);
         } else {
+            if (swallowed < 0 && value != NULL) {
+                PyObject *new_type, *new_value, *new_traceback;
+                PyErr_Fetch(&new_type, &new_value, &new_traceback);
+                PyErr_NormalizeException(&new_type, &new_value, &new_traceback);
+                if (new_value != NULL) PyException_SetContext(new_value, Py_NewRef(value));
+                PyErr_Restore(new_type, new_value, new_traceback);
+                Py_CLEAR(exited);
+            }
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(traceback);
@@ -479,12 +492,14 @@ static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, 
         PyErr_SetString(PyExc_TypeError, "ModelRun takes the list of input views");
         return NULL;
     }
-    /* The counters before the run, then after it; read off a copy of the list, which the runner
-     * may change. */
+    PyObject *held = NULL, *result = NULL, *written = NULL;
+    const Py_ssize_t outputs = PyTuple_GET_SIZE(self->writers);
+    int usual = 1;
+    /* The counters before the run, then after it, read off a copy of the list (the runner may
+     * change the list itself). */
     Py_ssize_t count = self->watched ? PyList_GET_SIZE(views) : 0;
     long long stack_versions[32];
     long long *versions = stack_versions;
-    PyObject *held = NULL;
     if (count > 16) {
         versions = PyMem_Malloc((size_t)count * 2 * sizeof(long long));
         if (versions == NULL) return PyErr_NoMemory();
@@ -492,53 +507,54 @@ static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, 
     if (count > 0) {
         held = PyList_GetSlice(views, 0, count);
         if (held == NULL || read_versions(&PyList_GET_ITEM(held, 0), count, versions) < 0) {
-            goto failed;
+            goto done;
         }
     }
-    PyObject *result = run_guarded(self, views);
-    if (result == NULL) goto failed;
-    int usual = 1;
+    result = run_guarded(self, views);
+    if (result == NULL) goto done;
     if (count > 0) {
-        if (read_versions(&PyList_GET_ITEM(held, 0), count, versions + count) < 0) {
-            Py_DECREF(result);
-            goto failed;
+        /* A runner that changed the list goes to `finish`, which reads the list as it is. */
+        usual = PyList_GET_SIZE(views) == count;
+        for (Py_ssize_t position = 0; usual && position < count; position++) {
+            usual = PyList_GET_ITEM(views, position) == PyList_GET_ITEM(held, position);
         }
-        usual = memcmp(versions, versions + count, (size_t)count * sizeof(long long)) == 0;
+        if (read_versions(&PyList_GET_ITEM(held, 0), count, versions + count) < 0) goto done;
+        usual = usual && memcmp(versions, versions + count, (size_t)count * sizeof(long long)) == 0;
     }
-    Py_ssize_t outputs = PyTuple_GET_SIZE(self->writers);
-    PyObject *single[1] = {result};
-    PyObject *const *results = single;
-    if (Py_TYPE(result) == (PyTypeObject *)tensor_type) {
-        usual = usual && outputs == 1;
-    } else if (PyTuple_CheckExact(result) && PyTuple_GET_SIZE(result) == outputs) {
-        results = &PyTuple_GET_ITEM(result, 0);
-    } else if (PyList_CheckExact(result) && PyList_GET_SIZE(result) == outputs) {
-        results = &PyList_GET_ITEM(result, 0);
+    /* The results in a list of this call's own before anything runs Python code (a signature
+     * read may: a torch function mode), which could change a list the runner returned. */
+    if (usual && Py_TYPE(result) == (PyTypeObject *)tensor_type && outputs == 1) {
+        written = PyList_New(1);
+        if (written != NULL) PyList_SET_ITEM(written, 0, Py_NewRef(result));
+    } else if (usual && (PyTuple_CheckExact(result) || PyList_CheckExact(result)) &&
+               Py_SIZE(result) == outputs) {
+        written = PySequence_List(result);
     } else {
         usual = 0;
     }
+    if (usual && written == NULL) goto done;
     for (Py_ssize_t position = 0; usual && position < outputs; position++) {
-        if (Py_TYPE(results[position]) != (PyTypeObject *)tensor_type) {
+        PyObject *item = PyList_GET_ITEM(written, position);
+        if (Py_TYPE(item) != (PyTypeObject *)tensor_type) {
             usual = 0;
             break;
         }
-        PyObject *signature = PyObject_CallOneArg(self->signature, results[position]);
+        PyObject *signature = PyObject_CallOneArg(self->signature, item);
         if (signature == NULL) {
-            Py_DECREF(result);
-            goto failed;
+            Py_CLEAR(written);
+            goto done;
         }
-        int same = PyObject_RichCompareBool(signature, PyTuple_GET_ITEM(self->signatures, position),
-                                            Py_EQ);
+        usual = PyObject_RichCompareBool(signature, PyTuple_GET_ITEM(self->signatures, position),
+                                         Py_EQ);
         Py_DECREF(signature);
-        if (same < 0) {
-            Py_DECREF(result);
-            goto failed;
+        if (usual < 0) {
+            Py_CLEAR(written);
+            goto done;
         }
-        usual = same;
     }
-    PyObject *written = NULL;
     if (!usual) {
         /* `finish` checks all of it again and says what went wrong (or writes what is right). */
+        Py_CLEAR(written);
         PyObject *read = Py_None;
         if (count > 0) {
             read = PyList_New(count);
@@ -547,41 +563,25 @@ static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, 
                 if (version == NULL) Py_CLEAR(read);
                 else PyList_SET_ITEM(read, position, version);
             }
-            if (read == NULL) {
-                Py_DECREF(result);
-                goto failed;
-            }
+            if (read == NULL) goto done;
         } else {
             Py_INCREF(read);
         }
         written = PyObject_CallFunctionObjArgs(self->finish, views, read, result, NULL);
         Py_DECREF(read);
-        Py_DECREF(result);
         goto done;
     }
-    /* A list of the results, held while they are written: a writer may run Python code. */
-    written = PyList_New(outputs);
-    if (written == NULL) {
-        Py_DECREF(result);
-        goto failed;
-    }
     for (Py_ssize_t position = 0; position < outputs; position++) {
-        PyList_SET_ITEM(written, position, Py_NewRef(results[position]));
-    }
-    Py_DECREF(result);
-    for (Py_ssize_t position = 0; position < outputs; position++) {
-        PyObject *done = PyObject_CallOneArg(PyTuple_GET_ITEM(self->writers, position),
-                                             PyList_GET_ITEM(written, position));
-        if (done == NULL) {
+        PyObject *wrote = PyObject_CallOneArg(PyTuple_GET_ITEM(self->writers, position),
+                                              PyList_GET_ITEM(written, position));
+        if (wrote == NULL) {
             Py_CLEAR(written);
             break;
         }
-        Py_DECREF(done);
+        Py_DECREF(wrote);
     }
-    goto done;
-failed:
-    written = NULL;
 done:
+    Py_XDECREF(result);
     Py_XDECREF(held);
     if (versions != stack_versions) PyMem_Free(versions);
     return written;

@@ -156,7 +156,7 @@ def test_a_moved_version_counter_goes_to_finish_with_the_counters_before(count: 
     assert recorder.events[-1][0] == "write"
 
 
-def test_the_runners_error_passes_through_the_guard_and_an_error_of_the_guard_replaces_it() -> None:
+def test_the_runners_error_passes_through_the_guard() -> None:
     class Fails(Recorder):
         def runner(self, views: list[torch.Tensor]) -> object:
             raise KeyError("model")
@@ -167,15 +167,6 @@ def test_the_runners_error_passes_through_the_guard_and_an_error_of_the_guard_re
     kind, value, traceback = recorder.events[-1][1:]
     assert kind is KeyError and value is raised.value and traceback is not None
     assert recorder.events[0] == ("enter", True) and len(recorder.events) == 2
-
-    class ExitFails(Guard):
-        def __exit__(self, *exception: object) -> None:
-            raise ValueError("guard")
-
-    recorder = Fails(None)
-    recorder.guard = lambda mode: ExitFails(recorder, mode)  # type: ignore[method-assign]
-    with pytest.raises(ValueError, match="guard"):
-        _run(recorder, [torch.ones(1)])(_views())
 
 
 def test_inference_mode_is_on_inside_the_run_and_off_after_it_even_after_an_error() -> None:
@@ -252,3 +243,82 @@ def test_a_model_run_in_a_reference_cycle_is_collected() -> None:
     del holder
     gc.collect()
     assert gone() is None
+
+
+def test_a_result_list_changed_while_it_is_checked_is_written_as_the_runner_returned_it() -> None:
+    """The signature read may run Python code (a torch function mode) that changes the list the
+    runner returned: the results checked and written are those it returned, as `finish` takes
+    them (`outputs_in_schema_order` copies the list)."""
+    first, second = torch.ones(3), torch.full((3,), 2.0)
+    returned = [first, second]
+    recorder = Recorder(returned)
+
+    def signature(tensor: torch.Tensor) -> object:
+        returned.clear()  # frees the list's storage
+        returned.extend([torch.zeros(5)] * 8)
+        return _SIGNATURE(tensor)
+
+    run = MODEL_RUN(
+        recorder.runner,
+        None,
+        signature,
+        (_SIGNATURE(first), _SIGNATURE(second)),
+        (recorder.writer(0), recorder.writer(1)),
+        recorder.finish,
+        False,
+    )
+    assert run(_views()) == [first, second]
+    assert [event[2] for event in recorder.events[1:]] == [first, second]
+
+
+def test_a_runner_that_changes_the_list_of_views_goes_to_finish() -> None:
+    result = torch.ones(3)
+    for change in ("replace", "clear"):
+        recorder = Recorder(result)
+        views = _views()
+        before = [view._version for view in views]
+
+        def runner(given: list[torch.Tensor], change: str = change) -> object:
+            if change == "replace":
+                given[0] = torch.zeros(2, 2).add_(1)  # another tensor, another counter
+            else:
+                given.clear()
+            return result
+
+        recorder.runner = runner  # type: ignore[method-assign]
+        run = _run(recorder, [result])
+        assert run(views) == ["finished"]
+        assert recorder.events[-1] == ("finish", views, before, result)
+
+
+def test_a_guard_that_swallows_the_runners_error_leaves_finish_no_result() -> None:
+    class Fails(Recorder):
+        def runner(self, views: list[torch.Tensor]) -> object:
+            raise KeyError("model")
+
+    class Swallows(Guard):
+        def __exit__(self, *exception: object) -> bool:
+            super().__exit__(*exception)
+            return True
+
+    recorder = Fails(torch.ones(1))
+    recorder.guard = lambda mode: Swallows(recorder, mode)  # type: ignore[method-assign]
+    views = _views()
+    assert _run(recorder, [torch.ones(1)])(views) == ["finished"]
+    assert recorder.events[-1] == ("finish", views, [0, 0], None)  # as after a `with` statement
+
+
+def test_an_error_of_the_guard_has_the_runners_error_as_its_context() -> None:
+    class Fails(Recorder):
+        def runner(self, views: list[torch.Tensor]) -> object:
+            raise KeyError("model")
+
+    class ExitFails(Guard):
+        def __exit__(self, *exception: object) -> None:
+            raise ValueError("guard")
+
+    recorder = Fails(None)
+    recorder.guard = lambda mode: ExitFails(recorder, mode)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="guard") as raised:
+        _run(recorder, [torch.ones(1)])(_views())
+    assert isinstance(raised.value.__context__, KeyError)
