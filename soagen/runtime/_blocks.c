@@ -662,9 +662,123 @@ static PyTypeObject ModelRunType = {
     .tp_call = PyVectorcall_Call,
 };
 
+/* The integer dtypes whose values `index_extremes` reads, by torch.dtype: 0 int8, 1 uint8,
+ * 2 int16, 3 uint16, 4 int32, 5 uint32, 6 int64, 7 uint64. Set by `set_index_dtypes`. */
+static PyObject *index_dtypes = NULL;
+
+static PyObject *set_index_dtypes(PyObject *module, PyObject *dtypes) {
+    if (!PyDict_CheckExact(dtypes)) {
+        PyErr_SetString(PyExc_TypeError, "set_index_dtypes({torch.dtype: code})");
+        return NULL;
+    }
+    Py_XSETREF(index_dtypes, Py_NewRef(dtypes));
+    Py_RETURN_NONE;
+}
+
+/* The lowest and highest value of a block of `rows` x `columns` integers (`steps` bytes apart),
+ * as Python ints. */
+#define EXTREMES_AS(type, wide, from_wide)                                                  \
+    {                                                                                       \
+        type low, high;                                                                     \
+        memcpy(&low, address, sizeof low);                                                  \
+        high = low;                                                                         \
+        for (long long row = 0; row < rows; row++) {                                        \
+            const char *from = address + row * steps[0];                                    \
+            if (steps[1] == (long long)sizeof(type)) {                                      \
+                for (long long column = 0; column < columns; column++) {                    \
+                    type value;                                                             \
+                    memcpy(&value, from + column * (long long)sizeof(type), sizeof value);  \
+                    low = value < low ? value : low;                                        \
+                    high = value > high ? value : high;                                     \
+                }                                                                           \
+            } else {                                                                        \
+                for (long long column = 0; column < columns; column++) {                    \
+                    type value;                                                             \
+                    memcpy(&value, from + column * steps[1], sizeof value);                 \
+                    low = value < low ? value : low;                                        \
+                    high = value > high ? value : high;                                     \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        return Py_BuildValue("(NN)", from_wide((wide)low), from_wide((wide)high));          \
+    }
+
+/* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least
+ * one element, of an integer dtype that `set_index_dtypes` named, without a neg bit; None for any
+ * other (the caller reduces it otherwise). */
+static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
+    if (index_dtypes == NULL || tensor_type == NULL ||
+        Py_TYPE(tensor) != (PyTypeObject *)tensor_type) {
+        Py_RETURN_NONE;
+    }
+    PyObject *dtype = PyObject_GetAttr(tensor, names[DTYPE]);
+    if (dtype == NULL) return NULL;
+    PyObject *code_object = PyDict_GetItemWithError(index_dtypes, dtype);
+    Py_DECREF(dtype);
+    if (code_object == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    long code = PyLong_AsLong(code_object);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    PyObject *is_cpu = PyObject_GetAttr(tensor, names[IS_CPU]);
+    if (is_cpu == NULL) return NULL;
+    int on_cpu = PyObject_IsTrue(is_cpu);
+    Py_DECREF(is_cpu);
+    if (on_cpu < 0) return NULL;
+    int plain = on_cpu ? is_false(tensor, names[IS_NEG]) : 0;
+    if (plain < 0) return NULL;
+    PyObject *shape = plain ? PyObject_GetAttr(tensor, names[SHAPE]) : NULL;
+    if (plain && shape == NULL) return NULL;
+    long long sizes[2] = {1, 1}, strides[2] = {0, 0};
+    Py_ssize_t dims = shape != NULL && PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
+    int readable = dims == 1 || dims == 2 ? read_integers(shape, dims, sizes + 2 - dims) : 0;
+    Py_XDECREF(shape);
+    if (readable < 0) return NULL;
+    if (readable == 1) {
+        PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
+        if (stride == NULL) return NULL;
+        readable = read_integers(stride, dims, strides + 2 - dims);
+        Py_DECREF(stride);
+        if (readable < 0) return NULL;
+    }
+    if (readable != 1 || sizes[0] < 1 || sizes[1] < 1) Py_RETURN_NONE;
+    long long offset;
+    char *address;
+    if (call_for_integer(tensor, names[STORAGE_OFFSET], &offset) < 0 ||
+        call_for_address(tensor, &address) < 0) {
+        return NULL;
+    }
+    static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
+    if (code < 0 || code > 7 || address == NULL ||
+        (uintptr_t)address == (uintptr_t)(offset * widths[code])) {
+        Py_RETURN_NONE; /* no memory behind it */
+    }
+    /* The longer axis inside where the other has one value (one axis: sizes[0] is 1), else the
+     * one of the shorter step: an [n, 2] block's columns are runs of n values. */
+    const int inner = sizes[0] == 1 ? 1 : sizes[1] == 1 ? 0 : strides[0] < strides[1] ? 0 : 1;
+    const long long rows = sizes[1 - inner], columns = sizes[inner];
+    const long long steps[2] = {strides[1 - inner] * widths[code], strides[inner] * widths[code]};
+    switch (code) {
+        case 0: EXTREMES_AS(int8_t, long long, PyLong_FromLongLong)
+        case 1: EXTREMES_AS(uint8_t, long long, PyLong_FromLongLong)
+        case 2: EXTREMES_AS(int16_t, long long, PyLong_FromLongLong)
+        case 3: EXTREMES_AS(uint16_t, long long, PyLong_FromLongLong)
+        case 4: EXTREMES_AS(int32_t, long long, PyLong_FromLongLong)
+        case 5: EXTREMES_AS(uint32_t, long long, PyLong_FromLongLong)
+        case 6: EXTREMES_AS(int64_t, long long, PyLong_FromLongLong)
+        default: EXTREMES_AS(uint64_t, unsigned long long, PyLong_FromUnsignedLongLong)
+    }
+}
+
 static PyMethodDef methods[] = {
     {"set_torch", (PyCFunction)(void (*)(void))set_torch, METH_FASTCALL,
      "set_torch(torch.Tensor, torch._C._increment_version, takes_tuple)"},
+    {"set_index_dtypes", (PyCFunction)set_index_dtypes, METH_O,
+     "set_index_dtypes({torch.dtype: code}): the integer dtypes index_extremes reads"},
+    {"index_extremes", (PyCFunction)index_extremes, METH_O,
+     "index_extremes(tensor): (lowest, highest) value of a plain CPU integer tensor of one or two "
+     "axes, or None where it does not read it"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -197,13 +197,28 @@ def typed_view(buffer: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 # The compiled parts of a planned call (`soagen/runtime/_blocks.c`), where the install built them.
-def _load_compiled() -> tuple[type[BlockWriter], type[ModelRun]] | tuple[None, None]:
+def _load_compiled() -> tuple[
+    type[BlockWriter] | None,
+    type[ModelRun] | None,
+    Callable[[torch.Tensor], tuple[int, int] | None] | None,
+]:
     try:
-        from soagen.runtime._blocks import BlockWriter, ModelRun, set_torch
+        from soagen.runtime._blocks import (
+            BlockWriter,
+            ModelRun,
+            index_extremes,
+            set_index_dtypes,
+            set_torch,
+        )
     except ImportError:
-        return None, None
+        return None, None, None
     set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
-    return BlockWriter, ModelRun
+    # Each integer dtype this torch has, by the code of its C type in `index_extremes`.
+    names = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+    set_index_dtypes(
+        {getattr(torch, name): code for code, name in enumerate(names) if hasattr(torch, name)}
+    )
+    return BlockWriter, ModelRun, index_extremes
 
 
 def _increment_takes_tuple() -> bool:
@@ -217,7 +232,7 @@ def _increment_takes_tuple() -> bool:
     return True
 
 
-_BlockWriter, _ModelRun = _load_compiled()
+_BlockWriter, _ModelRun, _index_extremes = _load_compiled()
 
 
 # ATen copies a CPU matrix whose transpose is contiguous through square tiles once it holds this

@@ -602,6 +602,19 @@ def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
             _check_index_range(Binding, "index", indices, "points", bound)  # type: ignore[arg-type]
 
 
+@pytest.fixture(params=["compiled pass", "reductions"])
+def host_extremes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host index check with the compiled pass of `soagen/runtime/_blocks.c` (where the
+    install built it) under `_COMPILED_EXTREMES_MAX` values, and with the reductions alone."""
+    from soagen.runtime import buffers
+
+    if request.param == "compiled pass" and buffers._index_extremes is None:
+        pytest.skip("soagen.runtime._blocks was not built by this install")
+    if request.param == "reductions":
+        monkeypatch.setattr(buffers, "_index_extremes", None)
+
+
+@pytest.mark.usefixtures("host_extremes")
 @pytest.mark.parametrize(
     "dtype",
     [torch.int8, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64],
@@ -651,6 +664,7 @@ def test_the_host_index_check_finds_the_one_bad_value_in_any_view(
         assert f"(values {min(values)}..{max(values)})" in str(raised.value)
 
 
+@pytest.mark.usefixtures("host_extremes")
 @pytest.mark.parametrize(
     "dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int16, torch.int64]
 )
@@ -665,3 +679,66 @@ def test_the_host_index_check_reads_every_integer_dtype(dtype: torch.dtype, coun
     values[count // 2, 1] = 50
     assert indices_outside(values.to(dtype).t(), 50) == (0, 50)
     assert indices_outside(values.to(dtype).t()[:, :0], 50) is None
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.uint16,
+        torch.int32,
+        torch.uint32,
+        torch.int64,
+        torch.uint64,
+    ],
+)
+def test_the_compiled_pass_reads_each_integer_dtypes_extremes_in_every_layout(
+    dtype: torch.dtype,
+) -> None:
+    """`index_extremes` against Python's min and max of the values the view holds: the dtype's
+    own extremes, one and two axes, rows or columns of a padded buffer, a storage offset, a
+    stride 0; None for what it does not read, which the reductions take."""
+    from soagen.runtime import buffers
+
+    extremes = buffers._index_extremes
+    if extremes is None:
+        pytest.skip("soagen.runtime._blocks was not built by this install")
+    info = torch.iinfo(dtype)
+    generator = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (8 * 400,), dtype=torch.uint8, generator=generator)
+    storage = raw.view(dtype)
+    # The dtype's extremes: all bits clear (unsigned) or the sign bit alone, and their negation.
+    storage.view(torch.uint8).view(-1, dtype.itemsize)[17] = 0
+    storage.view(torch.uint8).view(-1, dtype.itemsize)[101] = 255
+    if dtype.is_signed:
+        storage[17], storage[101] = info.min, info.max
+    views = [
+        storage[:1],
+        storage[5:300],
+        storage[::3],
+        storage.as_strided((100, 2), (1, 150)),
+        storage.as_strided((2, 100), (150, 1), 7),
+        storage.as_strided((40, 3), (3, 1)),
+        storage[:4].as_strided((50, 4), (0, 1)),
+        storage.as_strided((1, 90), (1, 2)),
+        storage.as_strided((90, 1), (2, 5)),
+    ]
+    for view in views:
+        if dtype == torch.uint64:  # tolist() refuses values past 2**63: the same bits, as int64
+            values = [value % (1 << 64) for value in view.view(torch.int64).flatten().tolist()]
+        else:
+            values = view.flatten().tolist()
+        assert extremes(view) == (min(values), max(values)), (view.shape, view.stride())
+    assert extremes(storage[:0]) is None  # no element: the caller answers
+    assert extremes(storage.as_strided((2, 2, 2), (4, 2, 1))) is None  # three axes
+    assert extremes(storage.float()[:10]) is None  # not an integer dtype
+    assert extremes(torch.zeros(10, dtype=torch.bool)) is None
+    assert extremes(torch.zeros(10, dtype=dtype, device="meta")) is None
+    assert extremes(storage[:10].tolist()) is None  # type: ignore[arg-type]
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert extremes(storage[:10].as_subclass(Marked)) is None
