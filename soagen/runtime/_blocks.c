@@ -53,6 +53,31 @@ static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+/* Set by `set_function_mode_check`: torch._C._is_torch_function_mode_enabled. Under a torch
+ * function mode a plain tensor's strides, address and the rest are the mode's answers, which
+ * could be anything: then nothing here reads memory by them. */
+static PyObject *function_mode_enabled = NULL;
+
+static PyObject *set_function_mode_check(PyObject *module, PyObject *check) {
+    if (!PyCallable_Check(check)) {
+        PyErr_SetString(PyExc_TypeError, "set_function_mode_check(callable)");
+        return NULL;
+    }
+    Py_XSETREF(function_mode_enabled, Py_NewRef(check));
+    Py_RETURN_NONE;
+}
+
+/* Whether a torch function mode is active: 1, 0, or -1 with an exception set (1 where no check
+ * was set: nothing is read by the tensors' answers then). */
+static int modes_active(void) {
+    if (function_mode_enabled == NULL) return 1;
+    PyObject *enabled = PyObject_CallNoArgs(function_mode_enabled);
+    if (enabled == NULL) return -1;
+    int truth = PyObject_IsTrue(enabled);
+    Py_DECREF(enabled);
+    return truth;
+}
+
 /* `tensor.name()` as a C integer; -1 with an exception set on failure. */
 static int call_for_integer(PyObject *tensor, PyObject *name, long long *value) {
     PyObject *result = PyObject_CallMethodNoArgs(tensor, name);
@@ -113,6 +138,8 @@ typedef struct {
  * strides and offset inside its storage. */
 static int read_source(BlockWriter *self, PyObject *source, long long strides[2], char **address) {
     if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) return 0;
+    int active = modes_active();
+    if (active != 0) return active < 0 ? -1 : 0;
     PyObject *dtype = PyObject_GetAttr(source, names[DTYPE]);
     if (dtype == NULL) return -1;
     Py_DECREF(dtype);  /* compared by identity only */
@@ -137,6 +164,9 @@ static int read_source(BlockWriter *self, PyObject *source, long long strides[2]
     readable = read_integers(stride, self->dims, strides);
     Py_DECREF(stride);
     if (readable != 1) return readable;
+    /* A stride of an axis of one value is never stepped (and may be any number). */
+    if (self->rows == 1) strides[0] = 0;
+    if (self->columns == 1) strides[1] = 0;
     long long offset;
     if (call_for_integer(source, names[STORAGE_OFFSET], &offset) < 0) return -1;
     if (call_for_address(source, address) < 0) return -1;
@@ -342,8 +372,9 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->rows = sizes[0];
     self->columns = sizes[1];
     self->itemsize = itemsize;
-    self->strides[0] = strides[0];
-    self->strides[1] = strides[1];
+    /* As the source's (`read_source`): never stepped where the axis has one value. */
+    self->strides[0] = sizes[0] == 1 ? 0 : strides[0];
+    self->strides[1] = sizes[1] == 1 ? 0 : strides[1];
     self->is_complex = is_complex;
     self->vectorcall = BlockWriter_vectorcall;
     return (PyObject *)self;
@@ -456,7 +487,9 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
                 PyObject *new_type, *new_value, *new_traceback;
                 PyErr_Fetch(&new_type, &new_value, &new_traceback);
                 PyErr_NormalizeException(&new_type, &new_value, &new_traceback);
-                if (new_value != NULL) PyException_SetContext(new_value, Py_NewRef(value));
+                if (new_value != NULL && new_value != value) {
+                    PyException_SetContext(new_value, Py_NewRef(value));
+                }
                 PyErr_Restore(new_type, new_value, new_traceback);
                 Py_CLEAR(exited);
             }
@@ -667,11 +700,21 @@ static PyTypeObject ModelRunType = {
 static PyObject *index_dtypes = NULL;
 
 static PyObject *set_index_dtypes(PyObject *module, PyObject *dtypes) {
-    if (!PyDict_CheckExact(dtypes)) {
-        PyErr_SetString(PyExc_TypeError, "set_index_dtypes({torch.dtype: code})");
+    PyObject *copy = PyDict_Check(dtypes) ? PyDict_Copy(dtypes) : NULL;
+    PyObject *key, *value;
+    Py_ssize_t position = 0;
+    while (copy != NULL && PyDict_Next(copy, &position, &key, &value)) {
+        long code = PyLong_Check(value) ? PyLong_AsLong(value) : -1;
+        if (code < 0 || code > 7) {
+            PyErr_Clear();
+            Py_CLEAR(copy);
+        }
+    }
+    if (copy == NULL) {
+        PyErr_SetString(PyExc_TypeError, "set_index_dtypes({torch.dtype: code from 0 to 7})");
         return NULL;
     }
-    Py_XSETREF(index_dtypes, Py_NewRef(dtypes));
+    Py_XSETREF(index_dtypes, copy);
     Py_RETURN_NONE;
 }
 
@@ -706,53 +749,71 @@ static PyObject *set_index_dtypes(PyObject *module, PyObject *dtypes) {
 /* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least
  * one element, of an integer dtype that `set_index_dtypes` named, without a neg bit; None for any
  * other (the caller reduces it otherwise). */
-static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
-    if (index_dtypes == NULL || tensor_type == NULL ||
-        Py_TYPE(tensor) != (PyTypeObject *)tensor_type) {
-        Py_RETURN_NONE;
-    }
+/* What `index_extremes` reads of `tensor`: its dtype's code, its sizes and strides as [rows,
+ * columns] (one axis: one row), its address. 1 where it may read the values, 0 where not, -1 with
+ * an exception set. */
+static int read_indices(PyObject *tensor, long *code, long long sizes[2], long long strides[2],
+                        char **address) {
+    int active = modes_active();
+    if (active != 0 || Py_TYPE(tensor) != (PyTypeObject *)tensor_type) return active < 0 ? -1 : 0;
     PyObject *dtype = PyObject_GetAttr(tensor, names[DTYPE]);
-    if (dtype == NULL) return NULL;
+    if (dtype == NULL) return -1;
     PyObject *code_object = PyDict_GetItemWithError(index_dtypes, dtype);
     Py_DECREF(dtype);
-    if (code_object == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
-    }
-    long code = PyLong_AsLong(code_object);
-    if (code == -1 && PyErr_Occurred()) return NULL;
+    if (code_object == NULL) return PyErr_Occurred() ? -1 : 0;
+    *code = PyLong_AsLong(code_object);
+    if (*code == -1 && PyErr_Occurred()) return -1;
     PyObject *is_cpu = PyObject_GetAttr(tensor, names[IS_CPU]);
-    if (is_cpu == NULL) return NULL;
-    int on_cpu = PyObject_IsTrue(is_cpu);
+    if (is_cpu == NULL) return -1;
+    int readable = PyObject_IsTrue(is_cpu);
     Py_DECREF(is_cpu);
-    if (on_cpu < 0) return NULL;
-    int plain = on_cpu ? is_false(tensor, names[IS_NEG]) : 0;
-    if (plain < 0) return NULL;
-    PyObject *shape = plain ? PyObject_GetAttr(tensor, names[SHAPE]) : NULL;
-    if (plain && shape == NULL) return NULL;
-    long long sizes[2] = {1, 1}, strides[2] = {0, 0};
-    Py_ssize_t dims = shape != NULL && PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
-    int readable = dims == 1 || dims == 2 ? read_integers(shape, dims, sizes + 2 - dims) : 0;
-    Py_XDECREF(shape);
-    if (readable < 0) return NULL;
-    if (readable == 1) {
-        PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
-        if (stride == NULL) return NULL;
-        readable = read_integers(stride, dims, strides + 2 - dims);
-        Py_DECREF(stride);
-        if (readable < 0) return NULL;
-    }
-    if (readable != 1 || sizes[0] < 1 || sizes[1] < 1) Py_RETURN_NONE;
+    if (readable == 1) readable = is_false(tensor, names[IS_NEG]);
+    if (readable != 1) return readable;
+    PyObject *shape = PyObject_GetAttr(tensor, names[SHAPE]);
+    if (shape == NULL) return -1;
+    Py_ssize_t dims = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
+    readable = dims == 1 || dims == 2 ? read_integers(shape, dims, sizes + 2 - dims) : 0;
+    Py_DECREF(shape);
+    if (readable != 1) return readable;
+    PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
+    if (stride == NULL) return -1;
+    readable = read_integers(stride, dims, strides + 2 - dims);
+    Py_DECREF(stride);
+    if (readable != 1) return readable;
+    if (sizes[0] < 1 || sizes[1] < 1) return 0;
     long long offset;
-    char *address;
     if (call_for_integer(tensor, names[STORAGE_OFFSET], &offset) < 0 ||
-        call_for_address(tensor, &address) < 0) {
-        return NULL;
+        call_for_address(tensor, address) < 0) {
+        return -1;
     }
     static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
-    if (code < 0 || code > 7 || address == NULL ||
-        (uintptr_t)address == (uintptr_t)(offset * widths[code])) {
-        Py_RETURN_NONE; /* no memory behind it */
+    /* No memory behind it: its address is its offset's bytes past none. */
+    return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * widths[*code]);
+}
+
+/* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least
+ * one element, of an integer dtype that `set_index_dtypes` named, without a neg bit; None for any
+ * other (the caller reduces it otherwise), and where a torch function mode is active (its answers
+ * to the reads here could be anything). */
+static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
+    long code = 0;
+    long long sizes[2] = {1, 1}, strides[2] = {0, 0};
+    char *address = NULL;
+    int readable = index_dtypes != NULL && tensor_type != NULL
+                       ? read_indices(tensor, &code, sizes, strides, &address)
+                       : 0;
+    if (readable < 0) {
+        /* A tensor that cannot say (no storage: a functorch wrapper, a sparse tensor): the
+         * reductions take it. Other errors are raised. */
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
+        PyErr_Clear();
+        readable = 0;
+    }
+    if (!readable) Py_RETURN_NONE;
+    static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
+    /* A stride of an axis of one value is never stepped (and may be any number). */
+    for (int axis = 0; axis < 2; axis++) {
+        if (sizes[axis] == 1) strides[axis] = 0;
     }
     /* The longer axis inside where the other has one value (one axis: sizes[0] is 1), else the
      * one of the shorter step: an [n, 2] block's columns are runs of n values. */
@@ -774,6 +835,8 @@ static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
 static PyMethodDef methods[] = {
     {"set_torch", (PyCFunction)(void (*)(void))set_torch, METH_FASTCALL,
      "set_torch(torch.Tensor, torch._C._increment_version, takes_tuple)"},
+    {"set_function_mode_check", (PyCFunction)set_function_mode_check, METH_O,
+     "set_function_mode_check(torch._C._is_torch_function_mode_enabled)"},
     {"set_index_dtypes", (PyCFunction)set_index_dtypes, METH_O,
      "set_index_dtypes({torch.dtype: code}): the integer dtypes index_extremes reads"},
     {"index_extremes", (PyCFunction)index_extremes, METH_O,

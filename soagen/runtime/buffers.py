@@ -207,12 +207,15 @@ def _load_compiled() -> tuple[
             BlockWriter,
             ModelRun,
             index_extremes,
+            set_function_mode_check,
             set_index_dtypes,
             set_torch,
         )
     except ImportError:
         return None, None, None
     set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
+    # Under a torch function mode, tensors answer through it: nothing is read by its answers.
+    set_function_mode_check(torch._C._is_torch_function_mode_enabled)
     # Each integer dtype this torch has, by the code of its C type in `index_extremes`.
     names = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
     set_index_dtypes(

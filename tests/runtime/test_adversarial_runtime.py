@@ -742,3 +742,66 @@ def test_the_compiled_pass_reads_each_integer_dtypes_extremes_in_every_layout(
         pass
 
     assert extremes(storage[:10].as_subclass(Marked)) is None
+
+
+class _LyingStrides(torch.overrides.TorchFunctionMode):
+    """A torch function mode that answers `stride()` with a stride far past any tensor's memory,
+    and `data_ptr()` with another tensor's address."""
+
+    def __init__(self, elsewhere: torch.Tensor) -> None:
+        super().__init__()
+        self.elsewhere = elsewhere
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = getattr(func, "__name__", "")
+        if name == "stride" and not kwargs and len(args) == 1:
+            return tuple(1 << 40 for _ in range(args[0].dim()))
+        if name == "data_ptr":
+            return self.elsewhere.data_ptr()
+        return func(*args, **(kwargs or {}))
+
+
+def test_under_a_torch_function_mode_nothing_is_read_or_written_by_its_answers() -> None:
+    """Tensors answer their strides and addresses through an active mode, which may say anything:
+    the compiled index pass and block writer then leave the tensor to torch."""
+    from soagen.runtime import buffers
+    from soagen.runtime.model import indices_outside
+
+    indices = torch.arange(4000).remainder(100)
+    indices[1234] = 100
+    block = torch.zeros(2, 200).t()  # a [200, 2] block of two columns
+    result = torch.randn(200, 2)
+    elsewhere = torch.zeros(400)
+    writer = buffers.block_writer(block)
+    with _LyingStrides(elsewhere):
+        if buffers._index_extremes is not None:
+            assert buffers._index_extremes(indices) is None
+        assert indices_outside(indices, 100) == (0, 100)
+        writer(result)
+    assert torch.equal(block, result) and not elsewhere.any()
+
+
+def test_the_host_index_check_runs_under_torch_func_transforms() -> None:
+    """Under `torch.func.grad` an index tensor made inside is a wrapper without storage that still
+    looks like a plain tensor: the reductions read it."""
+    from soagen.runtime.model import indices_outside
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        assert indices_outside(x.long(), 100) is None
+        assert indices_outside(x.long(), 2) == (0, 3)
+        return x.sum()
+
+    assert torch.equal(torch.func.grad(loss)(torch.arange(4.0)), torch.ones(4))
+
+
+def test_an_axis_of_one_value_may_have_any_stride() -> None:
+    """Its stride is never stepped: a huge one reads and writes as any other."""
+    from soagen.runtime import buffers
+
+    values = torch.arange(5)
+    wide = values.as_strided((1, 5), (1 << 62, 1))
+    if buffers._index_extremes is not None:
+        assert buffers._index_extremes(wide) == (0, 4)
+    block = torch.zeros(5).as_strided((1, 5), (1 << 62, 1))
+    buffers.block_writer(block)(values.float().as_strided((1, 5), (1 << 61, 1)))
+    assert block.tolist() == [[0.0, 1.0, 2.0, 3.0, 4.0]]
