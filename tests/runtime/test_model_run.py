@@ -54,6 +54,13 @@ class Recorder:
         return Guard(self, mode)
 
 
+class Failing(Recorder):
+    """A recorder whose runner raises, as a model that fails."""
+
+    def runner(self, views: list[torch.Tensor]) -> object:
+        raise KeyError("model")
+
+
 class Guard:
     def __init__(self, recorder: Recorder, mode: bool) -> None:
         self.recorder, self.mode = recorder, mode
@@ -157,11 +164,7 @@ def test_a_moved_version_counter_goes_to_finish_with_the_counters_before(count: 
 
 
 def test_the_runners_error_passes_through_the_guard() -> None:
-    class Fails(Recorder):
-        def runner(self, views: list[torch.Tensor]) -> object:
-            raise KeyError("model")
-
-    recorder = Fails(None)
+    recorder = Failing(None)
     with pytest.raises(KeyError, match="model") as raised:
         _run(recorder, [torch.ones(1)])(_views())
     kind, value, traceback = recorder.events[-1][1:]
@@ -292,16 +295,12 @@ def test_a_runner_that_changes_the_list_of_views_goes_to_finish() -> None:
 
 
 def test_a_guard_that_swallows_the_runners_error_leaves_finish_no_result() -> None:
-    class Fails(Recorder):
-        def runner(self, views: list[torch.Tensor]) -> object:
-            raise KeyError("model")
-
     class Swallows(Guard):
         def __exit__(self, *exception: object) -> bool:
             super().__exit__(*exception)
             return True
 
-    recorder = Fails(torch.ones(1))
+    recorder = Failing(torch.ones(1))
     recorder.guard = lambda mode: Swallows(recorder, mode)  # type: ignore[method-assign]
     views = _views()
     assert _run(recorder, [torch.ones(1)])(views) == ["finished"]
@@ -309,16 +308,12 @@ def test_a_guard_that_swallows_the_runners_error_leaves_finish_no_result() -> No
 
 
 def test_an_error_of_the_guard_has_the_runners_error_as_its_context() -> None:
-    class Fails(Recorder):
-        def runner(self, views: list[torch.Tensor]) -> object:
-            raise KeyError("model")
-
-    class ExitFails(Guard):
+    class ExitFailing(Guard):
         def __exit__(self, *exception: object) -> None:
             raise ValueError("guard")
 
-    recorder = Fails(None)
-    recorder.guard = lambda mode: ExitFails(recorder, mode)  # type: ignore[method-assign]
+    recorder = Failing(None)
+    recorder.guard = lambda mode: ExitFailing(recorder, mode)  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="guard") as raised:
         _run(recorder, [torch.ones(1)])(_views())
     assert isinstance(raised.value.__context__, KeyError)
