@@ -40,7 +40,10 @@ second run fewer rounds (`SLOW_REPEATS`, said in the table's title). Before each
 estimates its peak memory from the previous size's (scaled to n, with a margin) and skips the size,
 with a note, where that exceeds the memory available: that is where the sizes stop. One intra-op
 thread and soagen's malloc tuning apply to every path, in this process, as in a reconstruction job
-(`--no-malloc-tuning` to run it all untuned; the malloc section compares both either way).
+(`--no-malloc-tuning` to run it all untuned; the malloc section compares both either way). The
+eager targets are judged on `soagen eager` and the ideal timed once more side by side: rounds of
+one 2 ms sample of each, their order swapped every round, the median of the rounds' ratios (with
+its quartiles, and the round-robin medians' ratio beside it).
 
     python benchmarks/bench_models.py            # n = 1e3 .. 1e7 where memory allows, ~10 min
     python benchmarks/bench_models.py --quick    # smoke run: small n, two repeats (~65 s here)
