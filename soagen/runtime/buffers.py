@@ -48,7 +48,7 @@ from soagen.runtime.errors import (
 )
 
 if typing.TYPE_CHECKING:
-    from soagen.runtime._blocks import BlockWriter, ModelRun
+    from soagen.runtime._compiled import BlockWriter, ModelRun
 
 DeviceLike = str | torch.device
 
@@ -196,14 +196,14 @@ def typed_view(buffer: torch.Tensor, dtype: str) -> torch.Tensor:
         return torch.utils.dlpack.from_dlpack(buffer).view(target)
 
 
-# The compiled parts of a planned call (`soagen/runtime/_blocks.c`), where the install built them.
+# The compiled parts of a planned call (`soagen/runtime/_compiled.c`), where the install built them.
 def _load_compiled() -> tuple[
     type[BlockWriter] | None,
     type[ModelRun] | None,
     Callable[[torch.Tensor], tuple[int, int] | None] | None,
 ]:
     try:
-        from soagen.runtime._blocks import (
+        from soagen.runtime._compiled import (
             BlockWriter,
             ModelRun,
             index_extremes,
@@ -400,7 +400,7 @@ def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
     """`copy_values(target, source)` as a function of the source, made once for an output block
     that takes many results, each of the block's shape, dtype and device (the caller checks them).
     A CPU block of one or two axes under `_SPLIT_ROWS_MIN` values is written by the compiled
-    loops of `soagen.runtime._blocks` where they were built: a row-major result of 2-4 values a
+    loops of `soagen.runtime._compiled` where they were built: a row-major result of 2-4 values a
     row, or contiguous columns, by vectorized loops at any such size (a [1e4, 2] float32 result:
     4 against 18 us), any other layout by a general loop under `_STRIDED_COPY_MIN` values (1-2 us
     less than copy_ at a thousand rows, once a model has run) and by `copy_values` above. Where

@@ -907,7 +907,7 @@ class ModelBinding:
             and copied is None
         ):
             # `finish` for the calls that go otherwise; those that go as they should, without
-            # the Python frames (`soagen/runtime/_blocks.c`). It takes the views as a list, as
+            # the Python frames (`soagen/runtime/_compiled.c`). It takes the views as a list, as
             # plans hold them.
             return typing.cast(
                 _ModelCall,
@@ -1182,7 +1182,7 @@ def indices_outside(indices: torch.Tensor, bound: int) -> tuple[int, int] | None
 
 
 # Index counts below which the range check reads the values in one compiled pass
-# (`soagen/runtime/_blocks.c`, where it was built): 2-3x faster than the reductions below up to
+# (`soagen/runtime/_compiled.c`, where it was built): 2-3x faster than the reductions below up to
 # here ([1e3, 2] strided int64: 1.8 against 5.2 us), slower past 2e4 (it does not vectorize).
 _COMPILED_EXTREMES_MAX = 1 << 13
 

@@ -604,12 +604,12 @@ def test_negative_indices_are_found_when_the_bound_exceeds_the_dtype(
 
 @pytest.fixture(params=["compiled pass", "reductions"])
 def host_extremes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host index check with the compiled pass of `soagen/runtime/_blocks.c` (where the
+    """The host index check with the compiled pass of `soagen/runtime/_compiled.c` (where the
     install built it) under `_COMPILED_EXTREMES_MAX` values, and with the reductions alone."""
     from soagen.runtime import buffers
 
     if request.param == "compiled pass" and buffers._index_extremes is None:
-        pytest.skip("soagen.runtime._blocks was not built by this install")
+        pytest.skip("soagen.runtime._compiled was not built by this install")
     if request.param == "reductions":
         monkeypatch.setattr(buffers, "_index_extremes", None)
 
@@ -704,7 +704,7 @@ def test_the_compiled_pass_reads_each_integer_dtypes_extremes_in_every_layout(
 
     extremes = buffers._index_extremes
     if extremes is None:
-        pytest.skip("soagen.runtime._blocks was not built by this install")
+        pytest.skip("soagen.runtime._compiled was not built by this install")
     info = torch.iinfo(dtype)
     generator = torch.Generator().manual_seed(3)
     raw = torch.randint(0, 256, (8 * 400,), dtype=torch.uint8, generator=generator)

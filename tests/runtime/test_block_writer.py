@@ -1,5 +1,5 @@
 """The write-back of small results (`buffers.block_writer`): the compiled loop of
-`soagen/runtime/_blocks.c` where the install built it, else the block's own copy_. Either way every
+`soagen/runtime/_compiled.c` where the install built it, else the block's own copy_. Either way every
 bit comes through as copy_ writes it, and what the loop does not copy itself goes to copy_."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from soagen.runtime import buffers
 
 compiled = pytest.mark.skipif(
-    buffers._BlockWriter is None, reason="soagen.runtime._blocks was not built by this install"
+    buffers._BlockWriter is None, reason="soagen.runtime._compiled was not built by this install"
 )
 
 
@@ -340,7 +340,7 @@ def test_a_block_writer_moves_the_counter_through_a_tensor_argument(
 ) -> None:
     """torch before 2.5 takes one tensor in `_increment_version`, later ones a tuple; one write
     moves the counter once."""
-    from soagen.runtime import _blocks
+    from soagen.runtime import _compiled
 
     taken: list[object] = []
 
@@ -350,12 +350,12 @@ def test_a_block_writer_moves_the_counter_through_a_tensor_argument(
         taken.append(tensor)
         torch._C._increment_version(tensor)
 
-    _blocks.set_torch(torch.Tensor, increment_version, False)
+    _compiled.set_torch(torch.Tensor, increment_version, False)
     try:
         _, block = _block(10, 2, torch.float32)
         buffers.block_writer(block)(torch.ones(10, 2))
     finally:
-        _blocks.set_torch(
+        _compiled.set_torch(
             torch.Tensor, torch._C._increment_version, buffers._increment_takes_tuple()
         )
     assert len(taken) == 1 and taken[0] is block and bool((block == 1).all())
@@ -392,5 +392,5 @@ def test_the_compiled_loop_is_built_where_the_install_can_compile() -> None:
     if not headers.is_file() or shutil.which(compiler.split()[0]) is None:
         pytest.skip(f"no {headers} or no C compiler ({compiler}): the extension cannot build")
     assert buffers._BlockWriter is not None, (
-        "soagen.runtime._blocks did not build: run `pip install -e .` and read its build_ext output"
+        "soagen.runtime._compiled did not build: run `pip install -e .` and read its build_ext output"
     )

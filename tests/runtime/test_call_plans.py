@@ -31,10 +31,10 @@ def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 @pytest.fixture(autouse=True, params=["compiled run", "python run"])
 def model_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test with the compiled model run of call plans (`soagen/runtime/_blocks.c`, where the
+    """Each test with the compiled model run of call plans (`soagen/runtime/_compiled.c`, where the
     install built it) and with the Python function it stands in for."""
     if request.param == "compiled run" and buffers._ModelRun is None:
-        pytest.skip("soagen.runtime._blocks was not built by this install")
+        pytest.skip("soagen.runtime._compiled was not built by this install")
     if request.param == "python run":
         monkeypatch.setattr(buffers, "_ModelRun", None)
     return typing.cast(str, request.param)

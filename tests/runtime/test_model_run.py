@@ -1,4 +1,4 @@
-"""The compiled model run of call plans (`ModelRun` in `soagen/runtime/_blocks.c`): a call that goes
+"""The compiled model run of call plans (`ModelRun` in `soagen/runtime/_compiled.c`): a call that goes
 as it should is run, checked and written without Python frames; any other goes, with what was
 read, to the Python function that checks it (`finish`), as it would without the compiled run."""
 
@@ -16,10 +16,10 @@ from soagen.runtime import buffers
 from soagen.runtime.model import _SIGNATURE
 
 if typing.TYPE_CHECKING:
-    from soagen.runtime._blocks import ModelRun
+    from soagen.runtime._compiled import ModelRun
 
 pytestmark = pytest.mark.skipif(
-    buffers._ModelRun is None, reason="soagen.runtime._blocks was not built by this install"
+    buffers._ModelRun is None, reason="soagen.runtime._compiled was not built by this install"
 )
 MODEL_RUN = typing.cast("type[ModelRun]", buffers._ModelRun)
 

@@ -404,7 +404,7 @@ static void BlockWriter_dealloc(BlockWriter *self) {
 
 static PyTypeObject BlockWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._blocks.BlockWriter",
+    .tp_name = "soagen.runtime._compiled.BlockWriter",
     .tp_doc = "BlockWriter(target, fallback=None): called with a source tensor of the block's "
               "shape, dtype and device, writes it into the block (a plain CPU tensor of one or "
               "two axes); fallback(source) writes what its vectorized loops do not.",
@@ -681,7 +681,7 @@ static void ModelRun_dealloc(ModelRun *self) {
 
 static PyTypeObject ModelRunType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._blocks.ModelRun",
+    .tp_name = "soagen.runtime._compiled.ModelRun",
     .tp_doc = "ModelRun(runner, guard, signature, signatures, writers, finish, watched): called "
               "with the list of input views, runs the model on them and writes its results, or "
               "hands what it read to finish(views, versions, result).",
@@ -846,13 +846,13 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_definition = {
-    PyModuleDef_HEAD_INIT, "soagen.runtime._blocks",
+    PyModuleDef_HEAD_INIT, "soagen.runtime._compiled",
     "The compiled parts of a planned call: BlockWriter (see soagen.runtime.buffers.block_writer) "
     "and ModelRun (see soagen.runtime.model.ModelBinding._model_call).",
     -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__blocks(void) {
+PyMODINIT_FUNC PyInit__compiled(void) {
     for (int name = 0; name < NAME_COUNT; name++) {
         names[name] = PyUnicode_InternFromString(name_texts[name]);
         if (names[name] == NULL) return NULL;

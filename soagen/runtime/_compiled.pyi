@@ -1,4 +1,4 @@
-"""The compiled parts of a planned call (`soagen/runtime/_blocks.c`)."""
+"""The compiled parts of a planned call (`soagen/runtime/_compiled.c`)."""
 
 from typing import Any
 
