@@ -97,7 +97,11 @@ class _Memory:
 
             # Made outside inference mode even when first asked inside it: every later view derives
             # from this one, and views of an inference-mode view refuse writes outside that mode.
-            with torch.inference_mode(False):
+            # (Entered only then: a new event's collections make theirs at its first call.)
+            if torch.is_inference_mode_enabled():
+                with torch.inference_mode(False):
+                    typed = typed_view(self.buffer, dtype)
+            else:
                 typed = typed_view(self.buffer, dtype)
             found = (typed, int(typed.storage_offset()))
             self.typed[dtype] = found
