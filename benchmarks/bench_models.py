@@ -1983,6 +1983,14 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--min-sample-ms", type=float, default=20.0, help="per timed sample")
+    parser.add_argument(
+        "--side-by-side-s",
+        type=float,
+        default=SIDE_BY_SIDE_BUDGET_S,
+        help="seconds per size of the side-by-side timing of soagen eager against the ideal "
+        f"(default {SIDE_BY_SIDE_BUDGET_S:g}; at n >= 1e5, where calls take milliseconds, more "
+        "rounds narrow its quartiles)",
+    )
     parser.add_argument("--max-n", type=float, default=1e7, help="largest n (MLP)")
     parser.add_argument(
         "--gnn-max-n", type=float, default=1e7, help="largest n (GNN edges; default 1e7)"
@@ -2215,7 +2223,7 @@ def main(argv: list[str] | None = None) -> int:
                         case.paths["ideal"],
                         case.paths["soagen eager"],
                         synchronize,
-                        budget_s=0.1 if args.quick else SIDE_BY_SIDE_BUDGET_S,
+                        budget_s=0.1 if args.quick else args.side_by_side_s,
                     )
                 rounds = min(entry["samples"] for entry in results[model][n].values())
                 overhead[model][n] = time_paths(
