@@ -399,17 +399,17 @@ def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:
 def block_writer(target: torch.Tensor) -> Callable[[torch.Tensor], object]:
     """`copy_values(target, source)` as a function of the source, made once for an output block
     that takes many results, each of the block's shape, dtype and device (the caller checks them).
-    A CPU block of one or two axes under `_SPLIT_ROWS_MIN` values is written by the compiled
-    loops of `soagen.runtime._compiled` where they were built: a row-major result of 2-4 values a
-    row, or contiguous columns, by vectorized loops at any such size (a [1e4, 2] float32 result:
-    4 against 18 us), any other layout by a general loop under `_STRIDED_COPY_MIN` values (1-2 us
-    less than copy_ at a thousand rows, once a model has run) and by `copy_values` above. Where
-    they were not built, small blocks are written by their own `copy_` (no Python frame)."""
+    A CPU block of one or two axes is written by the compiled loops of `soagen.runtime._compiled`
+    where they were built: a row-major result of 2-4 values a row, or contiguous columns, by
+    vectorized loops at any size (a [1e4, 2] float32 result: 4 against 18 us; [1e5, 2]: 21-26
+    against 54-70 us for `copy_values`, one thread, as soagen runs), any other layout by a general
+    loop under `_STRIDED_COPY_MIN` values (1-2 us less than copy_ at a thousand rows, once a model
+    has run) and by `copy_values` above. Where they were not built, small blocks are written by
+    their own `copy_` (no Python frame)."""
     count, on_cpu = target.numel(), target.device.type == "cpu"
     small = count < _STRIDED_COPY_MIN
     if (
-        count < _SPLIT_ROWS_MIN
-        and _BlockWriter is not None
+        _BlockWriter is not None
         and on_cpu
         and target.dtype != torch.bool  # copy_ makes any nonzero byte 1
         and not target.is_quantized

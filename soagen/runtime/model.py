@@ -856,7 +856,8 @@ class ModelBinding:
         A package built with --write-outputs writes into `targets` itself (its argument check
         covers them) and needs them. A call plan makes it once (`repeated`), so that its calls
         read nothing of the binding or its backend, and writes through writers made for its
-        blocks (`block_writer`); a call without a plan, through `copy_values`."""
+        blocks (`block_writer`); a call without a plan, through `copy_values` (through
+        `block_writer` where a block holds `_STRIDED_COPY_MIN` values or more)."""
         cls, watched, copied, writes_outputs, guard, single_output = self._run_settings
         if writes_outputs and targets is None:
             raise BindingError(
@@ -869,9 +870,11 @@ class ModelBinding:
         signatures = _signatures(targets)
         buffers = _buffers or _load_buffers()
         # Empty where nothing is written here (no output blocks, or a package that writes them).
+        # A single call makes a compiled writer only where its copy outweighs reading the block's
+        # geometry (a new event's collections come with every call).
         writers = [
             buffers.block_writer(target)
-            if repeated
+            if repeated or target.numel() >= buffers._STRIDED_COPY_MIN
             else functools.partial(buffers.copy_values, target)
             for target in (() if writes_outputs else targets or ())
         ]

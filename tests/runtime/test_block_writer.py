@@ -146,7 +146,7 @@ def test_every_bit_of_a_result_comes_through_as_copy_writes_it(
 
 
 @compiled
-def test_cpu_blocks_get_the_compiled_writer_below_the_split_rows_size() -> None:
+def test_cpu_blocks_get_the_compiled_writer_and_copy_values_takes_other_large_layouts() -> None:
     _, column = _block(1000, None, torch.float32)
     _, pairs = _block(1000, 2, torch.float64)
     assert isinstance(buffers.block_writer(column), buffers._BlockWriter)
@@ -157,28 +157,24 @@ def test_cpu_blocks_get_the_compiled_writer_below_the_split_rows_size() -> None:
     cube = torch.zeros(10, 3, 4)
     assert not isinstance(buffers.block_writer(cube), buffers._BlockWriter)
     # From `_STRIDED_COPY_MIN` values, the vectorized loops write row-major results of 2-4 values
-    # a row (and contiguous columns), and `copy_values` any other layout.
-    rows = buffers._STRIDED_COPY_MIN // 2
-    for columns, loop_writes in ((2, True), (4, True), (5, False)):
-        _, medium = _block(rows, columns, torch.float32)
-        writer = buffers.block_writer(medium)
-        assert isinstance(writer, buffers._BlockWriter)
-        for source in (
-            _random_values((rows, columns), torch.float32),
-            _random_values((columns, rows), torch.float32).t(),
-        ):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as run:
-                writer(source)
-            copied = "aten::copy_" in [event.name for event in run.events()]
-            assert copied == (not loop_writes and source.is_contiguous())
-            assert _same_bits(medium, source)
-    # At `_SPLIT_ROWS_MIN` values and above, `copy_values` and its large-block paths write.
-    _, large = _block(buffers._SPLIT_ROWS_MIN, 1, torch.float32)
-    writer = buffers.block_writer(large)
-    assert not isinstance(writer, buffers._BlockWriter)
-    source = _random_values((buffers._SPLIT_ROWS_MIN, 1), torch.float32)
-    writer(source)
-    assert _same_bits(large, source)
+    # a row (and contiguous columns), and `copy_values` any other layout: below and above
+    # `_SPLIT_ROWS_MIN`, where its own row splitting takes over from copy_.
+    for rows in (buffers._STRIDED_COPY_MIN // 2, buffers._SPLIT_ROWS_MIN // 2 + 1):
+        for columns, loop_writes in ((2, True), (4, True), (5, False)):
+            _, large = _block(rows, columns, torch.float32)
+            writer = buffers.block_writer(large)
+            assert isinstance(writer, buffers._BlockWriter)
+            for source in (
+                _random_values((rows, columns), torch.float32),
+                _random_values((columns, rows), torch.float32).t(),
+            ):
+                with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU]
+                ) as run:
+                    writer(source)
+                copied = "aten::copy_" in [event.name for event in run.events()]
+                assert copied == (not loop_writes and source.is_contiguous()), (rows, columns)
+                assert _same_bits(large, source)
 
 
 @compiled
