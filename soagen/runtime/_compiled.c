@@ -300,9 +300,20 @@ static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *arg
     }
     const long long source_steps[2] = {source_strides[0] * self->itemsize,
                                        source_strides[1] * self->itemsize};
-    if (!readable || (self->itemsize != 1 && self->itemsize != 2 && self->itemsize != 4 &&
-                      self->itemsize != 8 && self->itemsize != 16) ||
-        !copy_values(self, target_address, source_address, source_steps)) {
+    int copied = 0;
+    if (readable && (self->itemsize == 1 || self->itemsize == 2 || self->itemsize == 4 ||
+                     self->itemsize == 8 || self->itemsize == 16)) {
+        /* Other threads run while a large block is copied, as they do during ATen's copies:
+         * this holds both tensors, and the loop touches no Python object. */
+        if (self->rows * self->columns >= 1 << 15) {
+            Py_BEGIN_ALLOW_THREADS
+            copied = copy_values(self, target_address, source_address, source_steps);
+            Py_END_ALLOW_THREADS
+        } else {
+            copied = copy_values(self, target_address, source_address, source_steps);
+        }
+    }
+    if (!copied) {
         if (self->fallback != NULL) return PyObject_CallOneArg(self->fallback, source);
         return PyObject_CallMethodOneArg(self->target, names[COPY], source);
     }
