@@ -805,3 +805,17 @@ def test_an_axis_of_one_value_may_have_any_stride() -> None:
     block = torch.zeros(5).as_strided((1, 5), (1 << 62, 1))
     buffers.block_writer(block)(values.float().as_strided((1, 5), (1 << 61, 1)))
     assert block.tolist() == [[0.0, 1.0, 2.0, 3.0, 4.0]]
+
+
+def test_the_compiled_pass_takes_only_dtype_codes_it_reads() -> None:
+    """`set_index_dtypes` refuses codes outside its eight C types and keeps the table it had."""
+    from soagen.runtime import buffers
+
+    if buffers._index_extremes is None:
+        pytest.skip("soagen.runtime._compiled was not built by this install")
+    from soagen.runtime import _compiled
+
+    for table in ({torch.int64: 8}, {torch.int64: -1}, {torch.int64: "6"}, [(torch.int64, 6)]):
+        with pytest.raises(TypeError, match="code from 0 to 7"):
+            _compiled.set_index_dtypes(table)  # type: ignore[arg-type]
+    assert buffers._index_extremes(torch.arange(5)) == (0, 4)
