@@ -116,6 +116,25 @@ static int is_false(PyObject *tensor, PyObject *name) {
     return truth < 0 ? -1 : !truth;
 }
 
+/* `tensor`'s `dims` strides (into `strides`) and its address: 1 where its values lie in memory
+ * there; 0 where the strides are no such tuple, or no memory is behind it (a tensor of zeros
+ * without storage, sliced or not, reports its offset's bytes past none as its address); -1 with
+ * an exception set. */
+static int read_memory(PyObject *tensor, Py_ssize_t dims, long long itemsize, long long *strides,
+                       char **address) {
+    PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
+    if (stride == NULL) return -1;
+    int readable = read_integers(stride, dims, strides);
+    Py_DECREF(stride);
+    if (readable != 1) return readable;
+    long long offset;
+    if (call_for_integer(tensor, names[STORAGE_OFFSET], &offset) < 0 ||
+        call_for_address(tensor, address) < 0) {
+        return -1;
+    }
+    return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * itemsize);
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall; /* BlockWriter_vectorcall: a call without an argument tuple */
@@ -159,19 +178,12 @@ static int read_source(BlockWriter *self, PyObject *source, long long strides[2]
     readable = is_false(source, names[IS_NEG]);
     if (readable == 1 && self->is_complex) readable = is_false(source, names[IS_CONJ]);
     if (readable != 1) return readable;
-    PyObject *stride = PyObject_CallMethodNoArgs(source, names[STRIDE]);
-    if (stride == NULL) return -1;
-    readable = read_integers(stride, self->dims, strides);
-    Py_DECREF(stride);
-    if (readable != 1) return readable;
+    readable = read_memory(source, self->dims, self->itemsize, strides, address);
+    if (readable != 1) return readable;  /* no memory behind it: copy_'s */
     /* A stride of an axis of one value is never stepped (and may be any number). */
     if (self->rows == 1) strides[0] = 0;
     if (self->columns == 1) strides[1] = 0;
-    long long offset;
-    if (call_for_integer(source, names[STORAGE_OFFSET], &offset) < 0) return -1;
-    if (call_for_address(source, address) < 0) return -1;
-    /* No memory behind it (a tensor of zeros without storage, sliced or not): copy_'s. */
-    return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * self->itemsize);
+    return 1;
 }
 
 /* The lowest and one past the highest byte that the writer's geometry reaches at `strides`. */
@@ -786,20 +798,9 @@ static int read_indices(PyObject *tensor, long *code, long long sizes[2], long l
     readable = dims == 1 || dims == 2 ? read_integers(shape, dims, sizes + 2 - dims) : 0;
     Py_DECREF(shape);
     if (readable != 1) return readable;
-    PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
-    if (stride == NULL) return -1;
-    readable = read_integers(stride, dims, strides + 2 - dims);
-    Py_DECREF(stride);
-    if (readable != 1) return readable;
     if (sizes[0] < 1 || sizes[1] < 1) return 0;
-    long long offset;
-    if (call_for_integer(tensor, names[STORAGE_OFFSET], &offset) < 0 ||
-        call_for_address(tensor, address) < 0) {
-        return -1;
-    }
     static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
-    /* No memory behind it: its address is its offset's bytes past none. */
-    return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * widths[*code]);
+    return read_memory(tensor, dims, widths[*code], strides + 2 - dims, address);
 }
 
 /* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least

@@ -1145,7 +1145,6 @@ def indices_outside(indices: torch.Tensor, bound: int) -> tuple[int, int] | None
     if not count:
         return None
     extremes = (_buffers or _load_buffers())._index_extremes
-    found: tuple[int, int] | None = None
     if not indices.is_cpu:
         import torch
 
