@@ -1,22 +1,23 @@
 /* The compiled parts of a planned call (`soagen.runtime.model`): a model's result written into its
- * output block (`BlockWriter`, for `soagen.runtime.buffers.block_writer`), and the model's run
- * around it (`ModelRun`).
+ * output block (`BlockWriter`, for `soagen.runtime.buffers.block_writer`), the model's run around
+ * it (`ModelRun`), and the generated call's way to its plan (`PlannedCall`).
  *
  * `torch.Tensor.copy_` between small CPU tensors spends about a microsecond building its
  * TensorIterator, and once a model has run, that code is out of the instruction cache again: for a
  * [1e3, 2] result it costs more than the copy. Here the copy is a loop over the two tensors'
- * addresses and strides, read through their public Python methods, so this file needs CPython's
- * headers only. What it does not copy itself (a tensor subclass, a negative or conjugate view, a
+ * addresses and strides, read by the C functions behind their Python methods and attributes, so
+ * this file needs CPython's headers only. What it does not copy itself (a tensor subclass, a negative or conjugate view, a
  * tensor without strided memory, memory shared with the block) goes to `target.copy_(source)`,
  * which copies it, or refuses it, as it always does. Likewise the Python frames around the model
- * cost more than their work once it has run; `ModelRun` does that work for a call that goes as it
- * should and hands any other to the Python function that checks it.
+ * cost more than their work once it has run; `ModelRun` and `PlannedCall` do that work for a call
+ * that goes as it should and hand any other to the Python function that checks it.
  *
  * Built by `pip install` (pyproject.toml: an optional extension); after editing this file, run
  * `pip install -e .` again.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,13 +31,94 @@ static int increment_takes_tuple = 1;
 /* The names read off tensors, interned once by the module's init. */
 enum {
     DATA_PTR, STRIDE, IS_NEG, IS_CONJ, COPY, SHAPE, STORAGE_OFFSET, DIM, ELEMENT_SIZE, IS_COMPLEX,
-    DTYPE, IS_CPU, VERSION, ENTER, EXIT, NAME_COUNT
+    DTYPE, IS_CPU, VERSION, ENTER, EXIT, PROTECT_INPUTS, PLANS, CALL, RUN_PLAN, FAILED_PLAN,
+    NAME_COUNT
 };
 static const char *const name_texts[NAME_COUNT] = {
     "data_ptr", "stride", "is_neg", "is_conj", "copy_", "shape", "storage_offset", "dim",
     "element_size", "is_complex", "dtype", "is_cpu", "_version", "__enter__", "__exit__",
+    "protect_inputs", "_plans", "call", "_run_plan", "_failed_plan",
 };
 static PyObject *names[NAME_COUNT];
+
+/* torch's own C functions behind those names on torch.Tensor, found by `set_torch`: a getter for
+ * an attribute, a method's definition for a method taking no argument (or NULL: the name is
+ * looked up on each read). Called directly for a plain tensor, they skip CPython's attribute
+ * lookup and call dispatch, a third of a read's cost; they read the tensor itself (whatever a
+ * Python attribute of the same name says), and still hand the read to an active torch function
+ * mode, as the attribute would. */
+static getter tensor_getters[NAME_COUNT];
+static void *getter_closures[NAME_COUNT];
+static PyMethodDef *tensor_methods[NAME_COUNT];
+static PyObject *tensor_descriptors[NAME_COUNT];  /* held for the two above */
+static PyObject *no_arguments = NULL;              /* () */
+
+/* The method's calling conventions that `tensor_method` calls directly. */
+static int called_directly(const PyMethodDef *method) {
+    switch (method->ml_flags & ~(METH_CLASS | METH_STATIC | METH_COEXIST)) {
+        case METH_NOARGS:
+        case METH_VARARGS:
+        case METH_VARARGS | METH_KEYWORDS:
+        case METH_FASTCALL:
+        case METH_FASTCALL | METH_KEYWORDS:
+            return 1;
+    }
+    return 0;
+}
+
+/* Each name's getter or method definition on `type`, where it is one of torch's C ones. */
+static int find_tensor_functions(PyObject *type) {
+    for (int name = 0; name < NAME_COUNT; name++) {
+        tensor_getters[name] = NULL;
+        tensor_methods[name] = NULL;
+        Py_CLEAR(tensor_descriptors[name]);
+        PyObject *descriptor = PyObject_GetAttr(type, names[name]);
+        if (descriptor == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+            PyErr_Clear();
+            continue;
+        }
+        if (Py_IS_TYPE(descriptor, &PyGetSetDescr_Type)) {
+            PyGetSetDef *definition = ((PyGetSetDescrObject *)descriptor)->d_getset;
+            tensor_getters[name] = definition->get;
+            getter_closures[name] = definition->closure;
+        } else if (Py_IS_TYPE(descriptor, &PyMethodDescr_Type) &&
+                   called_directly(((PyMethodDescrObject *)descriptor)->d_method)) {
+            tensor_methods[name] = ((PyMethodDescrObject *)descriptor)->d_method;
+        }
+        tensor_descriptors[name] = descriptor;
+    }
+    return 0;
+}
+
+/* `tensor.name` (an attribute); NULL with an exception set. */
+static PyObject *tensor_attribute(PyObject *tensor, int name) {
+    if (tensor_getters[name] != NULL && Py_TYPE(tensor) == (PyTypeObject *)tensor_type) {
+        return tensor_getters[name](tensor, getter_closures[name]);
+    }
+    return PyObject_GetAttr(tensor, names[name]);
+}
+
+/* `tensor.name()` (a method without arguments); NULL with an exception set. */
+static PyObject *tensor_method(PyObject *tensor, int name) {
+    const PyMethodDef *method = tensor_methods[name];
+    if (method == NULL || Py_TYPE(tensor) != (PyTypeObject *)tensor_type) {
+        return PyObject_CallMethodNoArgs(tensor, names[name]);
+    }
+    void (*function)(void) = (void (*)(void))method->ml_meth;
+    switch (method->ml_flags & ~(METH_CLASS | METH_STATIC | METH_COEXIST)) {
+        case METH_NOARGS:
+            return ((PyCFunction)function)(tensor, NULL);
+        case METH_VARARGS:
+            return ((PyCFunction)function)(tensor, no_arguments);
+        case METH_VARARGS | METH_KEYWORDS:
+            return ((PyCFunctionWithKeywords)function)(tensor, no_arguments, NULL);
+        case METH_FASTCALL:
+            return ((_PyCFunctionFast)function)(tensor, NULL, 0);
+        default: /* METH_FASTCALL | METH_KEYWORDS */
+            return ((_PyCFunctionFastWithKeywords)function)(tensor, NULL, 0, NULL);
+    }
+}
 
 static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     int takes_tuple = nargs == 3 ? PyObject_IsTrue(args[2]) : -1;
@@ -47,7 +129,10 @@ static PyObject *set_torch(PyObject *module, PyObject *const *args, Py_ssize_t n
         }
         return NULL;
     }
-    Py_XSETREF(tensor_type, Py_NewRef(args[0]));
+    /* No tensor is read by the functions of another type (a failed search finds none). */
+    Py_CLEAR(tensor_type);
+    if (find_tensor_functions(args[0]) < 0) return NULL;
+    tensor_type = Py_NewRef(args[0]);
     Py_XSETREF(increment_version, Py_NewRef(args[1]));
     increment_takes_tuple = takes_tuple;
     Py_RETURN_NONE;
@@ -79,8 +164,8 @@ static int modes_active(void) {
 }
 
 /* `tensor.name()` as a C integer; -1 with an exception set on failure. */
-static int call_for_integer(PyObject *tensor, PyObject *name, long long *value) {
-    PyObject *result = PyObject_CallMethodNoArgs(tensor, name);
+static int call_for_integer(PyObject *tensor, int name, long long *value) {
+    PyObject *result = tensor_method(tensor, name);
     if (result == NULL) return -1;
     *value = PyLong_AsLongLong(result);
     Py_DECREF(result);
@@ -89,7 +174,7 @@ static int call_for_integer(PyObject *tensor, PyObject *name, long long *value) 
 
 /* `tensor.data_ptr()` as an address; -1 with an exception set on failure. */
 static int call_for_address(PyObject *tensor, char **address) {
-    PyObject *result = PyObject_CallMethodNoArgs(tensor, names[DATA_PTR]);
+    PyObject *result = tensor_method(tensor, DATA_PTR);
     if (result == NULL) return -1;
     *address = (char *)PyLong_AsVoidPtr(result);
     Py_DECREF(result);
@@ -108,8 +193,8 @@ static int read_integers(PyObject *tuple, long long count, long long values[2]) 
 }
 
 /* Whether `tensor.name()` is false; -1 with an exception set on failure. */
-static int is_false(PyObject *tensor, PyObject *name) {
-    PyObject *result = PyObject_CallMethodNoArgs(tensor, name);
+static int is_false(PyObject *tensor, int name) {
+    PyObject *result = tensor_method(tensor, name);
     if (result == NULL) return -1;
     int truth = PyObject_IsTrue(result);
     Py_DECREF(result);
@@ -122,13 +207,13 @@ static int is_false(PyObject *tensor, PyObject *name) {
  * an exception set. */
 static int read_memory(PyObject *tensor, Py_ssize_t dims, long long itemsize, long long *strides,
                        char **address) {
-    PyObject *stride = PyObject_CallMethodNoArgs(tensor, names[STRIDE]);
+    PyObject *stride = tensor_method(tensor, STRIDE);
     if (stride == NULL) return -1;
     int readable = read_integers(stride, dims, strides);
     Py_DECREF(stride);
     if (readable != 1) return readable;
     long long offset;
-    if (call_for_integer(tensor, names[STORAGE_OFFSET], &offset) < 0 ||
+    if (call_for_integer(tensor, STORAGE_OFFSET, &offset) < 0 ||
         call_for_address(tensor, address) < 0) {
         return -1;
     }
@@ -150,40 +235,60 @@ typedef struct {
     int is_complex;        /* whether a conjugate bit could change the values */
 } BlockWriter;
 
+/* What `read_source` found of a source. */
+enum {
+    SOURCE_OTHER = 0,  /* not a plain CPU tensor of the block's dtype and shape, or not read here */
+    SOURCE_COPY_ = 1,  /* of the block's signature, but copy_ writes it (see below) */
+    SOURCE_LOOP = 2,   /* of the block's signature, in memory the loops may read */
+};
+
+/* A RuntimeError raised by a read (a tensor that cannot say: a sparse or mkldnn one has no
+ * strides) taken as `status`; any other error raised (-1). */
+static int unless_runtime_error(int status) {
+    if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return -1;
+    PyErr_Clear();
+    return status;
+}
+
 /* The source checked at the write itself, whatever Python code ran since the caller checked it
- * (`t.data = ...` changes a tensor's dtype in place): a plain CPU tensor of the block's dtype and
- * shape, with memory, without a neg or conj bit. Its element strides and address: 1 where the
- * loop may copy it, 0 where copy_ must, -1 with an exception set. Torch keeps a tensor's shape,
- * strides and offset inside its storage. */
+ * (`t.data = ...` changes a tensor's dtype in place): SOURCE_LOOP, with its element strides and
+ * address, for a plain CPU tensor of the block's dtype and shape, with memory, without a neg or
+ * conj bit; SOURCE_COPY_ for one of the block's signature that copy_ must write; SOURCE_OTHER for
+ * any other, and under a torch function mode (whose answers could be anything); -1 with an
+ * exception set. Torch keeps a tensor's shape, strides and offset inside its storage. */
 static int read_source(BlockWriter *self, PyObject *source, long long strides[2], char **address) {
-    if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) return 0;
+    if (increment_version == NULL || Py_TYPE(source) != (PyTypeObject *)tensor_type) {
+        return SOURCE_OTHER;
+    }
     int active = modes_active();
-    if (active != 0) return active < 0 ? -1 : 0;
-    PyObject *dtype = PyObject_GetAttr(source, names[DTYPE]);
-    if (dtype == NULL) return -1;
+    if (active != 0) return active < 0 ? -1 : SOURCE_OTHER;
+    PyObject *dtype = tensor_attribute(source, DTYPE);
+    if (dtype == NULL) return unless_runtime_error(SOURCE_OTHER);
     Py_DECREF(dtype);  /* compared by identity only */
-    if (dtype != self->dtype) return 0;
-    PyObject *is_cpu = PyObject_GetAttr(source, names[IS_CPU]);
-    if (is_cpu == NULL) return -1;
+    if (dtype != self->dtype) return SOURCE_OTHER;
+    PyObject *is_cpu = tensor_attribute(source, IS_CPU);
+    if (is_cpu == NULL) return unless_runtime_error(SOURCE_OTHER);
     int on_cpu = PyObject_IsTrue(is_cpu);
     Py_DECREF(is_cpu);
     if (on_cpu != 1) return on_cpu;  /* -1: an error; 0: another device */
-    PyObject *shape = PyObject_GetAttr(source, names[SHAPE]);
-    if (shape == NULL) return -1;
+    PyObject *shape = tensor_attribute(source, SHAPE);
+    if (shape == NULL) return unless_runtime_error(SOURCE_OTHER);
     long long sizes[2] = {0, 0};
     int readable = read_integers(shape, self->dims, sizes);
     Py_DECREF(shape);
     if (readable != 1) return readable;
-    if (sizes[0] != self->rows || (self->dims == 2 && sizes[1] != self->columns)) return 0;
-    readable = is_false(source, names[IS_NEG]);
-    if (readable == 1 && self->is_complex) readable = is_false(source, names[IS_CONJ]);
-    if (readable != 1) return readable;
-    readable = read_memory(source, self->dims, self->itemsize, strides, address);
-    if (readable != 1) return readable;  /* no memory behind it: copy_'s */
+    if (sizes[0] != self->rows || (self->dims == 2 && sizes[1] != self->columns)) {
+        return SOURCE_OTHER;
+    }
+    readable = is_false(source, IS_NEG);
+    if (readable == 1 && self->is_complex) readable = is_false(source, IS_CONJ);
+    if (readable == 1) readable = read_memory(source, self->dims, self->itemsize, strides, address);
+    if (readable < 0) return unless_runtime_error(SOURCE_COPY_);
+    if (readable == 0) return SOURCE_COPY_;  /* a neg or conj bit, no memory behind it */
     /* A stride of an axis of one value is never stepped (and may be any number). */
     if (self->rows == 1) strides[0] = 0;
     if (self->columns == 1) strides[1] = 0;
-    return 1;
+    return SOURCE_LOOP;
 }
 
 /* The lowest and one past the highest byte that the writer's geometry reaches at `strides`. */
@@ -277,30 +382,13 @@ static int copy_values(const BlockWriter *self, char *target_address, const char
     return 1;
 }
 
-/* writer(source): copy `source`, a tensor of the block's shape, dtype and device (the caller
- * checks them), into the block, bits as they are, and moves the block's version counter. */
-static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
-                                        PyObject *kwnames) {
-    BlockWriter *self = (BlockWriter *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
-        return NULL;
-    }
-    PyObject *source = args[0];
-    if (self->target == NULL || self->targets == NULL || self->dtype == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "BlockWriter: its block was cleared");
-        return NULL;
-    }
-    long long source_strides[2] = {0, 0};
-    char *source_address = NULL;
-    int readable = read_source(self, source, source_strides, &source_address);
-    if (readable < 0) {
-        /* A tensor that cannot say (a sparse or mkldnn one has no strides): copy_ says what it
-         * makes of it. Other errors (MemoryError, KeyboardInterrupt) are raised. */
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
-        PyErr_Clear();
-        readable = 0;
-    }
+/* `source` written into the block, bits as they are, and the block's version counter moved (as
+ * copy_ moves it): by the loops where `read_source` found SOURCE_LOOP (`strides`, `address`) and
+ * the two lie apart, else by the fallback or copy_. A new reference, or NULL with an exception
+ * set. */
+static PyObject *write_source(BlockWriter *self, PyObject *source, int status,
+                              const long long source_strides[2], char *source_address) {
+    int readable = status == SOURCE_LOOP;
     char *target_address = NULL;
     if (readable) {
         /* Read at every call: the block's storage is the collection's, whatever became of it. */
@@ -333,6 +421,31 @@ static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *arg
                                increment_takes_tuple ? self->targets : self->target);
 }
 
+/* Whether the writer's block was cleared (by the garbage collector's tp_clear); then an error
+ * is set. */
+static int writer_cleared(BlockWriter *self) {
+    if (self->target != NULL && self->targets != NULL && self->dtype != NULL) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "BlockWriter: its block was cleared");
+    return 1;
+}
+
+/* writer(source): copy `source`, a tensor of the block's shape, dtype and device (the caller
+ * checks them), into the block, bits as they are, and moves the block's version counter. */
+static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    BlockWriter *self = (BlockWriter *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
+        return NULL;
+    }
+    if (writer_cleared(self)) return NULL;
+    long long source_strides[2] = {0, 0};
+    char *source_address = NULL;
+    int status = read_source(self, args[0], source_strides, &source_address);
+    if (status < 0) return NULL;
+    return write_source(self, args[0], status, source_strides, source_address);
+}
+
 /* BlockWriter(target, fallback=None): its geometry read off the block, a plain CPU tensor of one
  * or two axes holding at least one element, whose values lie apart (no stride 0), without a neg
  * or conj bit (the caller checks the device). ValueError for any other. `fallback`, a callable
@@ -353,27 +466,27 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
         return NULL;
     }
     long long dims, itemsize, sizes[2] = {1, 1}, strides[2] = {0, 0};
-    if (call_for_integer(target, names[DIM], &dims) < 0) return NULL;
+    if (call_for_integer(target, DIM, &dims) < 0) return NULL;
     if (dims != 1 && dims != 2) {
         PyErr_SetString(PyExc_ValueError, "BlockWriter: the block has neither one axis nor two");
         return NULL;
     }
-    PyObject *shape = PyObject_GetAttr(target, names[SHAPE]);
+    PyObject *shape = tensor_attribute(target, SHAPE);
     if (shape == NULL) return NULL;
     int read = read_integers(shape, dims, sizes);
     Py_DECREF(shape);
-    PyObject *stride = read == 1 ? PyObject_CallMethodNoArgs(target, names[STRIDE]) : NULL;
+    PyObject *stride = read == 1 ? tensor_method(target, STRIDE) : NULL;
     if (stride != NULL) {
         read = read_integers(stride, dims, strides);
         Py_DECREF(stride);
     } else if (read == 1) {
         return NULL;
     }
-    if (read < 0 || call_for_integer(target, names[ELEMENT_SIZE], &itemsize) < 0) return NULL;
-    int plain = read == 1 ? is_false(target, names[IS_NEG]) : 0;
-    if (plain == 1) plain = is_false(target, names[IS_CONJ]);
+    if (read < 0 || call_for_integer(target, ELEMENT_SIZE, &itemsize) < 0) return NULL;
+    int plain = read == 1 ? is_false(target, IS_NEG) : 0;
+    if (plain == 1) plain = is_false(target, IS_CONJ);
     if (plain < 0) return NULL;
-    int is_complex = is_false(target, names[IS_COMPLEX]);
+    int is_complex = is_false(target, IS_COMPLEX);
     if (is_complex < 0) return NULL;
     is_complex = !is_complex;
     if (!plain || sizes[0] < 1 || sizes[1] < 1 || strides[0] < 1 || (dims == 2 && strides[1] < 1)) {
@@ -385,7 +498,7 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (self == NULL) return NULL;
     self->target = Py_NewRef(target);
     self->targets = PyTuple_Pack(1, target);
-    self->dtype = PyObject_GetAttr(target, names[DTYPE]);
+    self->dtype = tensor_attribute(target, DTYPE);
     self->fallback = fallback == Py_None ? NULL : Py_NewRef(fallback);
     if (self->targets == NULL || self->dtype == NULL) {
         Py_DECREF(self);
@@ -458,19 +571,42 @@ typedef struct {
     PyObject *signatures; /* a tuple: each output block's signature, in schema order */
     PyObject *writers;    /* a tuple: each output block's writer, in schema order */
     PyObject *finish;     /* finish(views, versions or None, result) -> list of results */
+    /* The writer of a single output where it is a BlockWriter: its source check reads the
+     * result's signature, so the run reads it once. NULL otherwise (held in `writers`). */
+    BlockWriter *single_writer;
     int watched;          /* whether the views' version counters are compared around the run */
 } ModelRun;
 
 /* Each view's version counter into `versions` (`count` of them); -1 with an exception set. */
 static int read_versions(PyObject *const *views, Py_ssize_t count, long long *versions) {
     for (Py_ssize_t position = 0; position < count; position++) {
-        PyObject *version = PyObject_GetAttr(views[position], names[VERSION]);
+        PyObject *version = tensor_attribute(views[position], VERSION);
         if (version == NULL) return -1;
         versions[position] = PyLong_AsLongLong(version);
         Py_DECREF(version);
         if (versions[position] == -1 && PyErr_Occurred()) return -1;
     }
     return 0;
+}
+
+/* The exception now set, raised while `handled` was (as inside an `except` block): it gets
+ * `handled` as its context, as Python gives it. */
+static void raised_during(PyObject *handled) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value != NULL && value != handled) PyException_SetContext(value, Py_NewRef(handled));
+    PyErr_Restore(type, value, traceback);
+}
+
+/* The exception now set, taken out of the thread's state (normalized, its traceback attached):
+ * a new reference to its value, which `PyErr_Restore` puts back with `type` and `traceback`. */
+static PyObject *fetch_error(PyObject **type, PyObject **traceback) {
+    PyObject *value;
+    PyErr_Fetch(type, &value, traceback);
+    PyErr_NormalizeException(type, &value, traceback);
+    if (*traceback != NULL && value != NULL) PyException_SetTraceback(value, *traceback);
+    return value;
 }
 
 /* The runner on `views` inside the guard, as a `with` statement runs it: its return value (None
@@ -493,10 +629,7 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
     } else {
         /* The runner's exception goes on once the guard has exited, unless __exit__ returns
          * true; an error of the guard's own replaces it, with it as its context. */
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyErr_NormalizeException(&type, &value, &traceback);
-        if (traceback != NULL && value != NULL) PyException_SetTraceback(value, traceback);
+        PyObject *type, *traceback, *value = fetch_error(&type, &traceback);
         exited = PyObject_CallMethodObjArgs(context, names[EXIT], type, value,
                                             traceback != NULL ? traceback : Py_None, NULL);
         int swallowed = exited != NULL ? PyObject_IsTrue(exited) : -1;
@@ -507,13 +640,7 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
             PyErr_Restore(type, value, traceback);
         } else {
             if (swallowed < 0 && value != NULL) {
-                PyObject *new_type, *new_value, *new_traceback;
-                PyErr_Fetch(&new_type, &new_value, &new_traceback);
-                PyErr_NormalizeException(&new_type, &new_value, &new_traceback);
-                if (new_value != NULL && new_value != value) {
-                    PyException_SetContext(new_value, Py_NewRef(value));
-                }
-                PyErr_Restore(new_type, new_value, new_traceback);
+                raised_during(value);
                 Py_CLEAR(exited);
             }
             Py_XDECREF(type);
@@ -589,6 +716,25 @@ static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, 
         usual = 0;
     }
     if (usual && written == NULL) goto done;
+    if (usual && self->single_writer != NULL) {
+        /* Checked and written at once: the block's writer reads the signature the check would. */
+        BlockWriter *writer = self->single_writer;
+        PyObject *item = PyList_GET_ITEM(written, 0);
+        long long strides[2] = {0, 0};
+        char *address = NULL;
+        int status = writer_cleared(writer) ? -1 : read_source(writer, item, strides, &address);
+        if (status > SOURCE_OTHER) {
+            PyObject *wrote = write_source(writer, item, status, strides, address);
+            if (wrote == NULL) Py_CLEAR(written);
+            Py_XDECREF(wrote);
+            goto done;
+        }
+        if (status < 0) {
+            Py_CLEAR(written);
+            goto done;
+        }
+        usual = 0;  /* not the block's signature, or not read here: `finish` takes it */
+    }
     for (Py_ssize_t position = 0; usual && position < outputs; position++) {
         PyObject *item = PyList_GET_ITEM(written, position);
         if (Py_TYPE(item) != (PyTypeObject *)tensor_type) {
@@ -672,6 +818,10 @@ static PyObject *ModelRun_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->signatures = Py_NewRef(signatures);
     self->writers = Py_NewRef(writers);
     self->finish = Py_NewRef(finish);
+    PyObject *writer = PyTuple_GET_ITEM(writers, 0);
+    self->single_writer = PyTuple_GET_SIZE(writers) == 1 && Py_IS_TYPE(writer, &BlockWriterType)
+                              ? (BlockWriter *)writer  /* held in `writers` */
+                              : NULL;
     self->watched = watched;
     return (PyObject *)self;
 }
@@ -691,6 +841,7 @@ static int ModelRun_clear(ModelRun *self) {
     Py_CLEAR(self->guard);
     Py_CLEAR(self->signature);
     Py_CLEAR(self->signatures);
+    self->single_writer = NULL;
     Py_CLEAR(self->writers);
     Py_CLEAR(self->finish);
     return 0;
@@ -715,6 +866,153 @@ static PyTypeObject ModelRunType = {
     .tp_traverse = (traverseproc)ModelRun_traverse,
     .tp_clear = (inquiry)ModelRun_clear,
     .tp_dealloc = (destructor)ModelRun_dealloc,
+    .tp_call = PyVectorcall_Call,
+};
+
+/* The generated call's path through a binding's call plans (`ModelBinding._call_in_schema_order`,
+ * which it replaces on the class where this was built): a method, called with the binding, the
+ * call's collections (inputs then outputs, in schema order), the stream and the batch size. A
+ * call with the collections of a plan whose run is one call (`plan.call`) makes that call, and
+ * on an error, hands it to `binding._failed_plan(plan, error)` before raising it; one with a
+ * plan without it runs `binding._run_plan(plan, collections)`. Any other call goes to the Python
+ * function it replaces, which does the same in Python. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *function;  /* the Python method: every call not made here */
+} PlannedCall;
+
+/* The plan of `binding`'s call with `collections` (a new reference), or NULL: none, or an
+ * exception set. */
+static PyObject *find_plan(PyObject *binding, PyObject *collections) {
+    PyObject *protect = PyObject_GetAttr(binding, names[PROTECT_INPUTS]);
+    int protected = protect == NULL ? -1 : PyObject_IsTrue(protect);
+    Py_XDECREF(protect);
+    if (protected != 0) return NULL;
+    PyObject *plans = PyObject_GetAttr(binding, names[PLANS]);
+    if (plans == NULL || !PyDict_CheckExact(plans)) {
+        Py_XDECREF(plans);
+        return NULL;
+    }
+    /* `tuple(map(id, collections))`: plans are kept by their collections' ids. */
+    const Py_ssize_t count = PyTuple_GET_SIZE(collections);
+    PyObject *key = PyTuple_New(count), *plan = NULL;
+    for (Py_ssize_t position = 0; key != NULL && position < count; position++) {
+        PyObject *id = PyLong_FromVoidPtr(PyTuple_GET_ITEM(collections, position));
+        if (id == NULL) Py_CLEAR(key);
+        else PyTuple_SET_ITEM(key, position, id);
+    }
+    if (key != NULL) plan = Py_XNewRef(PyDict_GetItemWithError(plans, key));
+    Py_XDECREF(key);
+    Py_DECREF(plans);
+    return plan;
+}
+
+static PyObject *PlannedCall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                        PyObject *kwnames) {
+    PlannedCall *self = (PlannedCall *)callable;
+    if (self->function == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "PlannedCall: it was cleared");
+        return NULL;
+    }
+    PyObject *plan = NULL;
+    if (PyVectorcall_NARGS(nargsf) == 4 && kwnames == NULL && PyTuple_CheckExact(args[1]) &&
+        args[2] == Py_None && args[3] == Py_None) {
+        plan = find_plan(args[0], args[1]);
+        if (plan == NULL && PyErr_Occurred()) return NULL;
+    }
+    if (plan == NULL) return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    PyObject *binding = args[0], *result;
+    PyObject *call = PyObject_GetAttr(plan, names[CALL]);
+    if (call == NULL) {
+        result = NULL;
+    } else if (call == Py_None) {
+        result = PyObject_CallMethodObjArgs(binding, names[RUN_PLAN], plan, args[1], NULL);
+    } else {
+        result = PyObject_CallNoArgs(call);
+        if (result == NULL) {
+            PyObject *type, *traceback, *error = fetch_error(&type, &traceback);
+            PyObject *failed = PyObject_CallMethodObjArgs(binding, names[FAILED_PLAN], plan,
+                                                          error != NULL ? error : Py_None, NULL);
+            if (failed != NULL) {
+                Py_DECREF(failed);
+                PyErr_Restore(type, error, traceback);
+            } else {
+                /* Its own error (the index range that the model refused) is raised instead. */
+                if (error != NULL) raised_during(error);
+                Py_XDECREF(type);
+                Py_XDECREF(error);
+                Py_XDECREF(traceback);
+            }
+        }
+    }
+    Py_XDECREF(call);
+    Py_DECREF(plan);
+    if (result == NULL) return NULL;
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+/* PlannedCall(function): see the struct; `function`, the Python method it stands for. */
+static PyObject *PlannedCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *function;
+    static char *keywords[] = {"function", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O", keywords, &function)) return NULL;
+    if (!PyCallable_Check(function)) {
+        PyErr_SetString(PyExc_TypeError, "PlannedCall(function): a callable");
+        return NULL;
+    }
+    PlannedCall *self = (PlannedCall *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = PlannedCall_vectorcall;
+    self->function = Py_NewRef(function);
+    return (PyObject *)self;
+}
+
+/* As a function in a class: `binding.method` is the method bound to the binding. */
+static PyObject *PlannedCall_get(PyObject *self, PyObject *instance, PyObject *owner) {
+    if (instance == NULL || instance == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, instance);
+}
+
+static int PlannedCall_traverse(PlannedCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    return 0;
+}
+
+static int PlannedCall_clear(PlannedCall *self) {
+    Py_CLEAR(self->function);
+    return 0;
+}
+
+static void PlannedCall_dealloc(PlannedCall *self) {
+    PyObject_GC_UnTrack(self);
+    PlannedCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef PlannedCall_members[] = {
+    {"function", T_OBJECT, offsetof(PlannedCall, function), READONLY,
+     "the Python method it stands for"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject PlannedCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "soagen.runtime._compiled.PlannedCall",
+    .tp_doc = "PlannedCall(function): a method that runs the call plan of a binding's call "
+              "(binding, collections, stream, batch_size) where it has one, and calls function "
+              "(the Python method it stands for) with any other.",
+    .tp_basicsize = sizeof(PlannedCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(PlannedCall, vectorcall),
+    .tp_new = PlannedCall_new,
+    .tp_descr_get = PlannedCall_get,
+    .tp_members = PlannedCall_members,
+    .tp_traverse = (traverseproc)PlannedCall_traverse,
+    .tp_clear = (inquiry)PlannedCall_clear,
+    .tp_dealloc = (destructor)PlannedCall_dealloc,
     .tp_call = PyVectorcall_Call,
 };
 
@@ -779,20 +1077,20 @@ static int read_indices(PyObject *tensor, long *code, long long sizes[2], long l
                         char **address) {
     int active = modes_active();
     if (active != 0 || Py_TYPE(tensor) != (PyTypeObject *)tensor_type) return active < 0 ? -1 : 0;
-    PyObject *dtype = PyObject_GetAttr(tensor, names[DTYPE]);
+    PyObject *dtype = tensor_attribute(tensor, DTYPE);
     if (dtype == NULL) return -1;
     PyObject *code_object = PyDict_GetItemWithError(index_dtypes, dtype);
     Py_DECREF(dtype);
     if (code_object == NULL) return PyErr_Occurred() ? -1 : 0;
     *code = PyLong_AsLong(code_object);
     if (*code == -1 && PyErr_Occurred()) return -1;
-    PyObject *is_cpu = PyObject_GetAttr(tensor, names[IS_CPU]);
+    PyObject *is_cpu = tensor_attribute(tensor, IS_CPU);
     if (is_cpu == NULL) return -1;
     int readable = PyObject_IsTrue(is_cpu);
     Py_DECREF(is_cpu);
-    if (readable == 1) readable = is_false(tensor, names[IS_NEG]);
+    if (readable == 1) readable = is_false(tensor, IS_NEG);
     if (readable != 1) return readable;
-    PyObject *shape = PyObject_GetAttr(tensor, names[SHAPE]);
+    PyObject *shape = tensor_attribute(tensor, SHAPE);
     if (shape == NULL) return -1;
     Py_ssize_t dims = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : 0;
     readable = dims == 1 || dims == 2 ? read_integers(shape, dims, sizes + 2 - dims) : 0;
@@ -859,8 +1157,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_definition = {
     PyModuleDef_HEAD_INIT, "soagen.runtime._compiled",
-    "The compiled parts of a planned call: BlockWriter (see soagen.runtime.buffers.block_writer) "
-    "and ModelRun (see soagen.runtime.model.ModelBinding._model_call).",
+    "The compiled parts of a planned call: BlockWriter (see soagen.runtime.buffers.block_writer), "
+    "ModelRun (see soagen.runtime.model.ModelBinding._model_call) and PlannedCall (see "
+    "soagen.runtime.model.ModelBinding._call_in_schema_order).",
     -1, methods,
 };
 
@@ -869,11 +1168,17 @@ PyMODINIT_FUNC PyInit__compiled(void) {
         names[name] = PyUnicode_InternFromString(name_texts[name]);
         if (names[name] == NULL) return NULL;
     }
-    if (PyType_Ready(&BlockWriterType) < 0 || PyType_Ready(&ModelRunType) < 0) return NULL;
+    no_arguments = PyTuple_New(0);
+    if (no_arguments == NULL) return NULL;
+    if (PyType_Ready(&BlockWriterType) < 0 || PyType_Ready(&ModelRunType) < 0 ||
+        PyType_Ready(&PlannedCallType) < 0) {
+        return NULL;
+    }
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&BlockWriterType) < 0 ||
-        PyModule_AddObjectRef(module, "ModelRun", (PyObject *)&ModelRunType) < 0) {
+        PyModule_AddObjectRef(module, "ModelRun", (PyObject *)&ModelRunType) < 0 ||
+        PyModule_AddObjectRef(module, "PlannedCall", (PyObject *)&PlannedCallType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -961,6 +961,21 @@ class ModelBinding:
         )
 
 
+def _compile_call_in_schema_order() -> None:
+    """The generated call's path through the call plans without a Python frame
+    (`soagen/runtime/_compiled.c`), where the install built it: a method in C that makes the
+    planned calls and hands every other to the Python method it replaces."""
+    try:
+        from soagen.runtime._compiled import PlannedCall
+    except ImportError:
+        return
+    python_method = ModelBinding.__dict__["_call_in_schema_order"]
+    ModelBinding._call_in_schema_order = PlannedCall(python_method)  # type: ignore[method-assign,assignment]
+
+
+_compile_call_in_schema_order()
+
+
 _Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
 
 

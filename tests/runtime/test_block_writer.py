@@ -8,6 +8,7 @@ import importlib.metadata
 import re
 import shutil
 import sysconfig
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
@@ -328,6 +329,46 @@ def test_the_source_is_checked_where_it_is_written() -> None:
         _written_as_copy_writes(
             lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, source
         )
+
+
+@compiled
+def test_the_writer_reads_the_tensor_itself_not_python_attributes_of_its_names() -> None:
+    """torch's own C functions read a source's address and strides: an attribute of the same name
+    on the tensor (a tensor takes any) changes nothing of what is copied from where."""
+    n = 50
+    source = _random_values((n, 2), torch.float32).t().contiguous().t()  # column-major
+    source.stride = lambda *axis: (2, 1)  # type: ignore[method-assign]
+    source.storage_offset = lambda: 0  # type: ignore[method-assign]
+    _written_as_copy_writes(
+        lambda block, source: buffers.block_writer(block)(source), n, 2, torch.float32, source
+    )
+
+
+@compiled
+def test_where_torch_tensor_has_a_python_function_of_a_name_the_writer_calls_it() -> None:
+    """`set_torch` takes torch's C functions only where torch.Tensor's names are torch's C
+    descriptors; a name defined in Python is looked up and called on each read."""
+    from soagen.runtime import _compiled
+
+    calls: list[int] = []
+
+    class Counted(torch.Tensor):
+        def stride(self, *axis: int) -> typing.Any:  # type: ignore[override]
+            calls.append(1)
+            return super().stride(*axis)
+
+    _compiled.set_torch(Counted, torch._C._increment_version, buffers._increment_takes_tuple())
+    try:
+        block = torch.zeros(8).as_strided((4, 2), (1, 4)).as_subclass(Counted)
+        writer = _compiled.BlockWriter(block)
+        source = torch.arange(8.0).view(4, 2).as_subclass(Counted)
+        writer(source)
+    finally:
+        _compiled.set_torch(
+            torch.Tensor, torch._C._increment_version, buffers._increment_takes_tuple()
+        )
+    assert len(calls) == 2  # the block's, once, and the source's
+    assert torch.equal(block.as_subclass(torch.Tensor), torch.arange(8.0).view(4, 2))
 
 
 @compiled

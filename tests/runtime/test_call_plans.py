@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import threading
+import traceback
 import typing
 import weakref
 from pathlib import Path
@@ -29,14 +30,21 @@ def module(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     return import_generated(root, "pkg_plans", "plans")
 
 
+# The generated call's path as the install has it: compiled (`PlannedCall`) where it was built.
+CALL_IN_SCHEMA_ORDER = ModelBinding.__dict__["_call_in_schema_order"]
+PYTHON_CALL_IN_SCHEMA_ORDER = getattr(CALL_IN_SCHEMA_ORDER, "function", CALL_IN_SCHEMA_ORDER)
+
+
 @pytest.fixture(autouse=True, params=["compiled run", "python run"])
 def model_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test with the compiled model run of call plans (`soagen/runtime/_compiled.c`, where the
-    install built it) and with the Python function it stands in for."""
+    """Each test with the compiled plan lookup and model run of call plans
+    (`soagen/runtime/_compiled.c`, where the install built it) and with the Python functions they
+    stand in for."""
     if request.param == "compiled run" and buffers._ModelRun is None:
         pytest.skip("soagen.runtime._compiled was not built by this install")
     if request.param == "python run":
         monkeypatch.setattr(buffers, "_ModelRun", None)
+        monkeypatch.setattr(ModelBinding, "_call_in_schema_order", PYTHON_CALL_IN_SCHEMA_ORDER)
     return typing.cast(str, request.param)
 
 
@@ -448,3 +456,91 @@ def test_the_inputs_handed_over_as_copies_are_fixed_for_the_bindings_life(module
     assert model.contiguous == {"points"}
     with pytest.raises(AttributeError):
         model.contiguous = frozenset()
+
+
+def test_the_generated_call_looks_its_plan_up_in_c_where_built(module, model_runs) -> None:  # type: ignore[no-untyped-def]
+    method = ModelBinding.__dict__["_call_in_schema_order"]
+    assert (method is PYTHON_CALL_IN_SCHEMA_ORDER) == (model_runs == "python run")
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores, plan = _planned(module, model, 20)
+    bound = model._call_in_schema_order  # a method, bound as Python's are
+    assert bound.__self__ is model
+    scores.a.zero_()
+    bound((points, scores), None, None)
+    torch.testing.assert_close(scores.a, _expected(net, points)[:, 0])
+    assert ModelBinding._call_in_schema_order is method
+
+
+def test_calls_without_a_plan_to_run_go_to_the_python_method(  # type: ignore[no-untyped-def]
+    module, model_runs, monkeypatch
+) -> None:
+    """A stream, a batch size, protected inputs, collections without a plan, a list, keywords:
+    the Python method takes them (and makes or skips plans as it does)."""
+    taken: list[object] = []
+
+    def recorded(self, *arguments, **options):  # type: ignore[no-untyped-def]
+        taken.append((arguments, options))
+        return PYTHON_CALL_IN_SCHEMA_ORDER(self, *arguments, **options)
+
+    method = recorded if model_runs == "python run" else type(CALL_IN_SCHEMA_ORDER)(recorded)
+    monkeypatch.setattr(ModelBinding, "_call_in_schema_order", method)
+    net = Linear()
+    model = module.Mlp(net)
+    points, scores = _points(module, 40), module.Scores.allocate(40)
+    model(points, out=scores)  # no plan yet
+    model(points, out=scores)  # makes it
+    assert len(taken) == 2 and model._plans
+    model(points, out=scores, batch_size=16)
+    model._call_in_schema_order([points, scores], None, None)
+    model._call_in_schema_order((points, scores), stream=None, batch_size=None)
+    model.protect_inputs = True
+    model(points, out=scores)
+    model.protect_inputs = False
+    calls = len(taken)
+    model(points, out=scores)  # the plan's call
+    assert len(taken) == calls + (model_runs == "python run")
+    assert calls == 6
+    torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
+
+
+def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # type: ignore[no-untyped-def]
+    module, monkeypatch
+) -> None:
+    class FailsThirdTime(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 3:
+                raise ArithmeticError("third call")
+            return points[:, :2] * 1.0
+
+    handed: list[BaseException] = []
+    failed_plan = ModelBinding._failed_plan
+
+    def recorded(self, plan, error):  # type: ignore[no-untyped-def]
+        handed.append(error)
+        return failed_plan(self, plan, error)
+
+    monkeypatch.setattr(ModelBinding, "_failed_plan", recorded)
+    model = module.Mlp(FailsThirdTime())
+    points, scores, plan = _planned(module, model, 16)
+    with pytest.raises(ArithmeticError, match="third call") as raised:
+        model(points, out=scores)
+    assert handed == [raised.value] and not model._plans
+    assert any(frame.name == "forward" for frame in traceback.extract_tb(raised.tb))
+
+    # An error of `_failed_plan` (the index range the model refused) is raised instead, with the
+    # model's as its context, as in an `except` block.
+    def naming(self, plan, error):  # type: ignore[no-untyped-def]
+        raise LookupError("named by the check")
+
+    monkeypatch.setattr(ModelBinding, "_failed_plan", naming)
+    model = module.Mlp(FailsThirdTime())
+    points, scores, plan = _planned(module, model, 16)
+    with pytest.raises(LookupError, match="named by the check") as raised:
+        model(points, out=scores)
+    assert isinstance(raised.value.__context__, ArithmeticError)

@@ -317,3 +317,81 @@ def test_an_error_of_the_guard_has_the_runners_error_as_its_context() -> None:
     with pytest.raises(ValueError, match="guard") as raised:
         _run(recorder, [torch.ones(1)])(_views())
     assert isinstance(raised.value.__context__, KeyError)
+
+
+def _written_run(result: object, block: torch.Tensor, recorder: Recorder) -> ModelRun:
+    """A run whose single output is written by the block's compiled writer, which checks the
+    result's signature itself (the run reads it once)."""
+    writer = buffers._BlockWriter(block)  # type: ignore[misc]
+    return MODEL_RUN(
+        lambda views: result,
+        None,
+        _SIGNATURE,
+        (_SIGNATURE(block),),
+        (writer,),
+        recorder.finish,
+        False,
+    )
+
+
+def _output_block() -> tuple[torch.Tensor, torch.Tensor]:
+    """(storage, block): a [3, 2] block of two columns 5 apart, bytes around them."""
+    storage = torch.full((12,), -1.0)
+    return storage, storage[1:].as_strided((3, 2), (1, 5))
+
+
+def test_a_single_block_writer_checks_and_writes_a_fitting_result_without_finish() -> None:
+    for result in (
+        torch.arange(6.0).view(3, 2),
+        torch.arange(6.0).view(2, 3).t(),
+        torch.arange(6.0).view(2, 3).t().clone().conj_physical()._neg_view(),  # copy_'s
+    ):
+        storage, block = _output_block()
+        expected = storage.clone()
+        expected[1:].as_strided((3, 2), (1, 5)).copy_(result)
+        recorder = Recorder(None)
+        version = storage._version
+        assert _written_run(result, block, recorder)(_views()) == [result]
+        assert recorder.events == []  # no finish
+        assert torch.equal(storage, expected) and storage._version > version
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        torch.ones(4, 2),
+        torch.ones(3, 2, dtype=torch.float64),
+        torch.ones(3, 2, device="meta"),
+        torch.ones(3, 2).as_subclass(torch.nn.Parameter),
+    ],
+    ids=["shape", "dtype", "device", "subclass"],
+)
+def test_a_single_block_writer_leaves_a_result_that_does_not_fit_to_finish(result: object) -> None:
+    storage, block = _output_block()
+    before = storage.clone()
+    recorder = Recorder(None)
+    views = _views()
+    assert _written_run(result, block, recorder)(views) == ["finished"]
+    assert recorder.events == [("finish", views, None, result)]
+    assert torch.equal(storage, before)  # nothing written before finish says what is wrong
+
+
+def test_under_a_torch_function_mode_a_single_block_writer_leaves_the_result_to_finish() -> None:
+    """Under a mode, a tensor's metadata is the mode's answer: the run reads none of it and
+    `finish` checks and writes the result through Python (the mode's answers there are torch's
+    business)."""
+
+    class Lying(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if getattr(func, "__name__", "") == "stride":
+                return (1, 1)
+            return func(*args, **(kwargs or {}))
+
+    storage, block = _output_block()
+    before = storage.clone()
+    result = torch.arange(6.0).view(3, 2)
+    recorder = Recorder(None)
+    with Lying():
+        assert _written_run(result, block, recorder)(_views()) == ["finished"]
+    assert [event[0] for event in recorder.events] == ["finish"]
+    assert torch.equal(storage, before)
