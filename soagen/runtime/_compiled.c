@@ -1039,9 +1039,16 @@ static PyObject *set_index_dtypes(PyObject *module, PyObject *dtypes) {
     Py_RETURN_NONE;
 }
 
-/* The lowest and highest value of a block of `rows` x `columns` integers (`steps` bytes apart),
- * as Python ints. */
-#define EXTREMES_AS(type, wide, from_wide)                                                  \
+/* The lowest and highest value of a block of integers: uint64's in the unsigned fields, every
+ * other dtype's in the signed ones. */
+typedef struct {
+    long long low, high;
+    unsigned long long unsigned_low, unsigned_high;
+} extremes;
+
+/* The extremes of `rows` x `columns` values of `type` (`steps` bytes apart) into `found`'s
+ * `low_field` and `high_field`. */
+#define EXTREMES_AS(type, low_field, high_field)                                            \
     {                                                                                       \
         type low, high;                                                                     \
         memcpy(&low, address, sizeof low);                                                  \
@@ -1064,12 +1071,39 @@ static PyObject *set_index_dtypes(PyObject *module, PyObject *dtypes) {
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-        return Py_BuildValue("(NN)", from_wide((wide)low), from_wide((wide)high));          \
+        found->low_field = low;                                                             \
+        found->high_field = high;                                                           \
+        return;                                                                             \
     }
 
-/* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least
- * one element, of an integer dtype that `set_index_dtypes` named, without a neg bit; None for any
- * other (the caller reduces it otherwise). */
+static const long long index_widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
+
+/* The extremes of the values `read_indices` found (`code`, `sizes`, element `strides`, `address`):
+ * no Python object is touched. */
+static void find_extremes(long code, long long sizes[2], long long strides[2], const char *address,
+                          extremes *found) {
+    /* A stride of an axis of one value is never stepped (and may be any number). */
+    for (int axis = 0; axis < 2; axis++) {
+        if (sizes[axis] == 1) strides[axis] = 0;
+    }
+    /* The longer axis inside where the other has one value (one axis: sizes[0] is 1), else the
+     * one of the shorter step: an [n, 2] block's columns are runs of n values. */
+    const int inner = sizes[0] == 1 ? 1 : sizes[1] == 1 ? 0 : strides[0] < strides[1] ? 0 : 1;
+    const long long rows = sizes[1 - inner], columns = sizes[inner];
+    const long long steps[2] = {strides[1 - inner] * index_widths[code],
+                                strides[inner] * index_widths[code]};
+    switch (code) {
+        case 0: EXTREMES_AS(int8_t, low, high)
+        case 1: EXTREMES_AS(uint8_t, low, high)
+        case 2: EXTREMES_AS(int16_t, low, high)
+        case 3: EXTREMES_AS(uint16_t, low, high)
+        case 4: EXTREMES_AS(int32_t, low, high)
+        case 5: EXTREMES_AS(uint32_t, low, high)
+        case 6: EXTREMES_AS(int64_t, low, high)
+        default: EXTREMES_AS(uint64_t, unsigned_low, unsigned_high)
+    }
+}
+
 /* What `index_extremes` reads of `tensor`: its dtype's code, its sizes and strides as [rows,
  * columns] (one axis: one row), its address. 1 where it may read the values, 0 where not, -1 with
  * an exception set. */
@@ -1097,8 +1131,23 @@ static int read_indices(PyObject *tensor, long *code, long long sizes[2], long l
     Py_DECREF(shape);
     if (readable != 1) return readable;
     if (sizes[0] < 1 || sizes[1] < 1) return 0;
-    static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
-    return read_memory(tensor, dims, widths[*code], strides + 2 - dims, address);
+    return read_memory(tensor, dims, index_widths[*code], strides + 2 - dims, address);
+}
+
+/* `read_indices` and `find_extremes` on `tensor`: 1 with `found` and `code` set, 0 where it
+ * reads no values (a RuntimeError of a tensor that cannot say is taken as that: no storage, a
+ * functorch wrapper, a sparse tensor), -1 with an exception set. */
+static int extremes_of(PyObject *tensor, long *code, long long *count, extremes *found) {
+    long long sizes[2] = {1, 1}, strides[2] = {0, 0};
+    char *address = NULL;
+    int readable = index_dtypes != NULL && tensor_type != NULL
+                       ? read_indices(tensor, code, sizes, strides, &address)
+                       : 0;
+    if (readable < 0) return unless_runtime_error(0);
+    if (!readable) return 0;
+    *count = sizes[0] * sizes[1];
+    find_extremes(*code, sizes, strides, address, found);
+    return 1;
 }
 
 /* index_extremes(tensor): (lowest, highest) of a plain CPU tensor of one or two axes, at least
@@ -1107,40 +1156,141 @@ static int read_indices(PyObject *tensor, long *code, long long sizes[2], long l
  * to the reads here could be anything). */
 static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
     long code = 0;
-    long long sizes[2] = {1, 1}, strides[2] = {0, 0};
-    char *address = NULL;
-    int readable = index_dtypes != NULL && tensor_type != NULL
-                       ? read_indices(tensor, &code, sizes, strides, &address)
-                       : 0;
-    if (readable < 0) {
-        /* A tensor that cannot say (no storage: a functorch wrapper, a sparse tensor): the
-         * reductions take it. Other errors are raised. */
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
-        PyErr_Clear();
-        readable = 0;
-    }
+    long long count = 0;
+    extremes found = {0, 0, 0, 0};
+    int readable = extremes_of(tensor, &code, &count, &found);
+    if (readable < 0) return NULL;
     if (!readable) Py_RETURN_NONE;
-    static const long long widths[8] = {1, 1, 2, 2, 4, 4, 8, 8};
-    /* A stride of an axis of one value is never stepped (and may be any number). */
-    for (int axis = 0; axis < 2; axis++) {
-        if (sizes[axis] == 1) strides[axis] = 0;
+    if (code == 7) {
+        return Py_BuildValue("(NN)", PyLong_FromUnsignedLongLong(found.unsigned_low),
+                             PyLong_FromUnsignedLongLong(found.unsigned_high));
     }
-    /* The longer axis inside where the other has one value (one axis: sizes[0] is 1), else the
-     * one of the shorter step: an [n, 2] block's columns are runs of n values. */
-    const int inner = sizes[0] == 1 ? 1 : sizes[1] == 1 ? 0 : strides[0] < strides[1] ? 0 : 1;
-    const long long rows = sizes[1 - inner], columns = sizes[inner];
-    const long long steps[2] = {strides[1 - inner] * widths[code], strides[inner] * widths[code]};
-    switch (code) {
-        case 0: EXTREMES_AS(int8_t, long long, PyLong_FromLongLong)
-        case 1: EXTREMES_AS(uint8_t, long long, PyLong_FromLongLong)
-        case 2: EXTREMES_AS(int16_t, long long, PyLong_FromLongLong)
-        case 3: EXTREMES_AS(uint16_t, long long, PyLong_FromLongLong)
-        case 4: EXTREMES_AS(int32_t, long long, PyLong_FromLongLong)
-        case 5: EXTREMES_AS(uint32_t, long long, PyLong_FromLongLong)
-        case 6: EXTREMES_AS(int64_t, long long, PyLong_FromLongLong)
-        default: EXTREMES_AS(uint64_t, unsigned long long, PyLong_FromUnsignedLongLong)
-    }
+    return Py_BuildValue("(NN)", PyLong_FromLongLong(found.low), PyLong_FromLongLong(found.high));
 }
+
+/* A call plan's call with index range checks before it (`ModelBinding._plan`): each index view
+ * of fewer than `most` values is read here, and where all lie in [0, bound) the call is made.
+ * A view read here that holds an index outside, and any view it does not read (larger ones,
+ * which torch's reductions read faster, and those `index_extremes` takes no values of), goes to
+ * `check(number)`, the plan's Python check of that view, which raises IndexRangeError naming the
+ * values. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *checks;  /* a tuple of (index view, bound) */
+    PyObject *call;    /* call(): the run, once every index is in range */
+    PyObject *check;   /* check(number): the Python check of checks[number] */
+    long long most;    /* views of this many values or more go to `check` */
+} IndexCheckedCall;
+
+/* Whether the extremes lie in [0, bound). */
+static int in_range(long code, const extremes *found, long long bound) {
+    if (code == 7) return found->unsigned_high < (unsigned long long)bound;
+    return found->low >= 0 && found->high < bound;
+}
+
+static PyObject *IndexCheckedCall_vectorcall(PyObject *callable, PyObject *const *args,
+                                             size_t nargsf, PyObject *kwnames) {
+    IndexCheckedCall *self = (IndexCheckedCall *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "IndexCheckedCall takes no argument");
+        return NULL;
+    }
+    if (self->checks == NULL || self->call == NULL || self->check == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "IndexCheckedCall: it was cleared");
+        return NULL;
+    }
+    for (Py_ssize_t number = 0; number < PyTuple_GET_SIZE(self->checks); number++) {
+        PyObject *pair = PyTuple_GET_ITEM(self->checks, number);
+        long long bound = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+        if (bound == -1 && PyErr_Occurred()) return NULL;
+        long code = 0;
+        long long count = 0;
+        extremes found = {0, 0, 0, 0};
+        int readable = extremes_of(PyTuple_GET_ITEM(pair, 0), &code, &count, &found);
+        if (readable < 0) return NULL;
+        if (readable && count < self->most && in_range(code, &found, bound)) continue;
+        PyObject *number_object = PyLong_FromSsize_t(number);
+        if (number_object == NULL) return NULL;
+        PyObject *checked = PyObject_CallOneArg(self->check, number_object);
+        Py_DECREF(number_object);
+        if (checked == NULL) return NULL;
+        Py_DECREF(checked);
+        if (readable && count < self->most) {
+            /* The Python check read the same values and let them pass: never run on them. */
+            PyErr_SetString(PyExc_RuntimeError, "IndexCheckedCall: an index outside its range "
+                                                "passed the Python check");
+            return NULL;
+        }
+    }
+    return PyObject_CallNoArgs(self->call);
+}
+
+/* IndexCheckedCall(checks, call, check, most): see the struct. */
+static PyObject *IndexCheckedCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *checks, *call, *check;
+    long long most;
+    static char *keywords[] = {"checks", "call", "check", "most", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOL", keywords, &PyTuple_Type, &checks,
+                                     &call, &check, &most)) {
+        return NULL;
+    }
+    int valid = PyCallable_Check(call) && PyCallable_Check(check);
+    for (Py_ssize_t number = 0; valid && number < PyTuple_GET_SIZE(checks); number++) {
+        PyObject *pair = PyTuple_GET_ITEM(checks, number);
+        valid = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+                PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1));
+    }
+    if (!valid) {
+        PyErr_SetString(PyExc_ValueError, "IndexCheckedCall: a tuple of (view, bound) pairs "
+                                          "with int bounds, and callables for call and check");
+        return NULL;
+    }
+    IndexCheckedCall *self = (IndexCheckedCall *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = IndexCheckedCall_vectorcall;
+    self->checks = Py_NewRef(checks);
+    self->call = Py_NewRef(call);
+    self->check = Py_NewRef(check);
+    self->most = most;
+    return (PyObject *)self;
+}
+
+static int IndexCheckedCall_traverse(IndexCheckedCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->checks);
+    Py_VISIT(self->call);
+    Py_VISIT(self->check);
+    return 0;
+}
+
+static int IndexCheckedCall_clear(IndexCheckedCall *self) {
+    Py_CLEAR(self->checks);
+    Py_CLEAR(self->call);
+    Py_CLEAR(self->check);
+    return 0;
+}
+
+static void IndexCheckedCall_dealloc(IndexCheckedCall *self) {
+    PyObject_GC_UnTrack(self);
+    IndexCheckedCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject IndexCheckedCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "soagen.runtime._compiled.IndexCheckedCall",
+    .tp_doc = "IndexCheckedCall(checks, call, check, most): called without arguments, checks "
+              "that each (index view, bound) of checks holds values in [0, bound) and makes "
+              "call(); check(number) checks what it does not read or finds outside.",
+    .tp_basicsize = sizeof(IndexCheckedCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(IndexCheckedCall, vectorcall),
+    .tp_new = IndexCheckedCall_new,
+    .tp_traverse = (traverseproc)IndexCheckedCall_traverse,
+    .tp_clear = (inquiry)IndexCheckedCall_clear,
+    .tp_dealloc = (destructor)IndexCheckedCall_dealloc,
+    .tp_call = PyVectorcall_Call,
+};
 
 static PyMethodDef methods[] = {
     {"set_torch", (PyCFunction)(void (*)(void))set_torch, METH_FASTCALL,
@@ -1171,14 +1321,15 @@ PyMODINIT_FUNC PyInit__compiled(void) {
     no_arguments = PyTuple_New(0);
     if (no_arguments == NULL) return NULL;
     if (PyType_Ready(&BlockWriterType) < 0 || PyType_Ready(&ModelRunType) < 0 ||
-        PyType_Ready(&PlannedCallType) < 0) {
+        PyType_Ready(&PlannedCallType) < 0 || PyType_Ready(&IndexCheckedCallType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_definition);
     if (module == NULL) return NULL;
     if (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&BlockWriterType) < 0 ||
         PyModule_AddObjectRef(module, "ModelRun", (PyObject *)&ModelRunType) < 0 ||
-        PyModule_AddObjectRef(module, "PlannedCall", (PyObject *)&PlannedCallType) < 0) {
+        PyModule_AddObjectRef(module, "PlannedCall", (PyObject *)&PlannedCallType) < 0 ||
+        PyModule_AddObjectRef(module, "IndexCheckedCall", (PyObject *)&IndexCheckedCallType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

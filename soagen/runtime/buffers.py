@@ -48,7 +48,7 @@ from soagen.runtime.errors import (
 )
 
 if typing.TYPE_CHECKING:
-    from soagen.runtime._compiled import BlockWriter, ModelRun
+    from soagen.runtime._compiled import BlockWriter, IndexCheckedCall, ModelRun
 
 DeviceLike = str | torch.device
 
@@ -201,10 +201,12 @@ def _load_compiled() -> tuple[
     type[BlockWriter] | None,
     type[ModelRun] | None,
     Callable[[torch.Tensor], tuple[int, int] | None] | None,
+    type[IndexCheckedCall] | None,
 ]:
     try:
         from soagen.runtime._compiled import (
             BlockWriter,
+            IndexCheckedCall,
             ModelRun,
             index_extremes,
             set_function_mode_check,
@@ -212,7 +214,7 @@ def _load_compiled() -> tuple[
             set_torch,
         )
     except ImportError:
-        return None, None, None
+        return None, None, None, None
     set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
     # Under a torch function mode, tensors answer through it: nothing is read by its answers.
     set_function_mode_check(torch._C._is_torch_function_mode_enabled)
@@ -221,7 +223,7 @@ def _load_compiled() -> tuple[
     set_index_dtypes(
         {getattr(torch, name): code for code, name in enumerate(names) if hasattr(torch, name)}
     )
-    return BlockWriter, ModelRun, index_extremes
+    return BlockWriter, ModelRun, index_extremes, IndexCheckedCall
 
 
 def _increment_takes_tuple() -> bool:
@@ -235,7 +237,7 @@ def _increment_takes_tuple() -> bool:
     return True
 
 
-_BlockWriter, _ModelRun, _index_extremes = _load_compiled()
+_BlockWriter, _ModelRun, _index_extremes, _IndexCheckedCall = _load_compiled()
 
 
 # ATen copies a CPU matrix whose transpose is contiguous through square tiles once it holds this

@@ -650,16 +650,27 @@ class ModelBinding:
             runner = backend.on(device) if copies else backend.on_fixed_inputs(device, arguments)
             model_call = self._model_call(runner, targets, repeated=True)
             call = None
-            # With nothing to do per call but the run: index checks and views made inside
-            # inference mode (`_run_plan`) are not.
-            if not (checks or in_inference_mode):
-                call = (
-                    functools.partial(runner, arguments)
-                    if backend.writes_outputs
-                    and not copies
-                    and not backend.moves_version_counters
-                    and not backend.records_autograd
-                    else functools.partial(model_call, views)
+            # One call where nothing is left per call but the run and index checks on the host:
+            # views made inside inference mode and checks on a GPU are `_run_plan`'s.
+            run = (
+                functools.partial(runner, arguments)
+                if backend.writes_outputs
+                and not copies
+                and not backend.moves_version_counters
+                and not backend.records_autograd
+                else functools.partial(model_call, views)
+            )
+            index_checked = (_buffers or _load_buffers())._IndexCheckedCall
+            if in_inference_mode:
+                pass
+            elif not checks:
+                call = run
+            elif index_checked is not None and all(views[check[0]].is_cpu for check in checks):
+                call = index_checked(
+                    tuple((views[position], size) for position, _, _, size in checks),
+                    run,
+                    functools.partial(self._check_planned_index, views, tuple(checks)),
+                    _COMPILED_EXTREMES_MAX,
                 )
         plan = _CallPlan(
             key=key,
@@ -744,6 +755,14 @@ class ModelBinding:
         except BaseException as error:
             self._failed_plan(plan, error)
             raise
+
+    def _check_planned_index(
+        self, views: Sequence[torch.Tensor], checks: tuple[_IndexCheck, ...], number: int
+    ) -> None:
+        """A plan's index range check `number` of `checks` on its `views` (for the compiled
+        checks, `IndexCheckedCall`, where they do not read the values or find one outside)."""
+        position, index_name, bound_name, size = checks[number]
+        _check_index_range(type(self), index_name, views[position], bound_name, size)
 
     def _failed_plan(self, plan: _CallPlan, error: BaseException) -> None:
         """Drop a plan whose call failed, and raise `IndexRangeError` naming the values where

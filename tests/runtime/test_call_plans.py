@@ -44,6 +44,7 @@ def model_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         pytest.skip("soagen.runtime._compiled was not built by this install")
     if request.param == "python run":
         monkeypatch.setattr(buffers, "_ModelRun", None)
+        monkeypatch.setattr(buffers, "_IndexCheckedCall", None)
         monkeypatch.setattr(ModelBinding, "_call_in_schema_order", PYTHON_CALL_IN_SCHEMA_ORDER)
     return typing.cast(str, request.param)
 
@@ -169,12 +170,14 @@ def test_plans_are_bounded_and_every_call_stays_right(module) -> None:  # type: 
     assert len(model._plans) <= _PLANS_PER_BINDING
 
 
-def test_index_values_are_checked_on_every_planned_call(module) -> None:  # type: ignore[no-untyped-def]
+def test_index_values_are_checked_on_every_planned_call(module, model_runs) -> None:  # type: ignore[no-untyped-def]
     model = module.Neighbours(Gather())
     points, scores = _points(module, 30), module.Scores.allocate(30)
     model(points, out=scores)
     model(points, out=scores)
-    assert model._plans
+    (plan,) = model._plans.values()
+    # The compiled checks make the plan's call one call; without them `_run_plan` checks.
+    assert (plan.call is not None) == (model_runs == "compiled run")
     before = scores.a.clone()
     points.label[7] = 30  # one past the last point
     with pytest.raises(IndexRangeError, match=r"outside \[0, 30\)"):
