@@ -30,14 +30,19 @@ static PyObject *tensor_type = NULL, *increment_version = NULL;
 static int increment_takes_tuple = 1;
 /* The names read off tensors, interned once by the module's init. */
 enum {
+    /* Read off tensors, */
     DATA_PTR, STRIDE, IS_NEG, IS_CONJ, COPY, SHAPE, STORAGE_OFFSET, DIM, ELEMENT_SIZE, IS_COMPLEX,
-    DTYPE, IS_CPU, VERSION, ENTER, EXIT, PROTECT_INPUTS, PLANS, CALL, RUN_PLAN, FAILED_PLAN,
+    DTYPE, IS_CPU, VERSION, TENSOR_NAME_COUNT,
+    /* off guards, */
+    ENTER = TENSOR_NAME_COUNT, EXIT,
+    /* and off bindings and their plans. */
+    PROTECT_INPUTS, PLANS, CALL, RUN_PLAN, FAILED_PLAN, CALL_WITHOUT_PLAN,
     NAME_COUNT
 };
 static const char *const name_texts[NAME_COUNT] = {
     "data_ptr", "stride", "is_neg", "is_conj", "copy_", "shape", "storage_offset", "dim",
     "element_size", "is_complex", "dtype", "is_cpu", "_version", "__enter__", "__exit__",
-    "protect_inputs", "_plans", "call", "_run_plan", "_failed_plan",
+    "protect_inputs", "_plans", "call", "_run_plan", "_failed_plan", "_call_without_plan",
 };
 static PyObject *names[NAME_COUNT];
 
@@ -47,15 +52,15 @@ static PyObject *names[NAME_COUNT];
  * lookup and call dispatch, a third of a read's cost; they read the tensor itself (whatever a
  * Python attribute of the same name says), and still hand the read to an active torch function
  * mode, as the attribute would. */
-static getter tensor_getters[NAME_COUNT];
-static void *getter_closures[NAME_COUNT];
-static PyMethodDef *tensor_methods[NAME_COUNT];
-static PyObject *tensor_descriptors[NAME_COUNT];  /* held for the two above */
+static getter tensor_getters[TENSOR_NAME_COUNT];
+static void *getter_closures[TENSOR_NAME_COUNT];
+static PyMethodDef *tensor_methods[TENSOR_NAME_COUNT];
+static PyObject *tensor_descriptors[TENSOR_NAME_COUNT];  /* held for the two above */
 static PyObject *no_arguments = NULL;              /* () */
 
 /* The method's calling conventions that `tensor_method` calls directly. */
 static int called_directly(const PyMethodDef *method) {
-    switch (method->ml_flags & ~(METH_CLASS | METH_STATIC | METH_COEXIST)) {
+    switch (method->ml_flags & ~METH_COEXIST) {
         case METH_NOARGS:
         case METH_VARARGS:
         case METH_VARARGS | METH_KEYWORDS:
@@ -68,7 +73,7 @@ static int called_directly(const PyMethodDef *method) {
 
 /* Each name's getter or method definition on `type`, where it is one of torch's C ones. */
 static int find_tensor_functions(PyObject *type) {
-    for (int name = 0; name < NAME_COUNT; name++) {
+    for (int name = 0; name < TENSOR_NAME_COUNT; name++) {
         tensor_getters[name] = NULL;
         tensor_methods[name] = NULL;
         Py_CLEAR(tensor_descriptors[name]);
@@ -106,7 +111,7 @@ static PyObject *tensor_method(PyObject *tensor, int name) {
         return PyObject_CallMethodNoArgs(tensor, names[name]);
     }
     void (*function)(void) = (void (*)(void))method->ml_meth;
-    switch (method->ml_flags & ~(METH_CLASS | METH_STATIC | METH_COEXIST)) {
+    switch (method->ml_flags & ~METH_COEXIST) {
         case METH_NOARGS:
             return ((PyCFunction)function)(tensor, NULL);
         case METH_VARARGS:
@@ -465,6 +470,14 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
                                           "(or set_torch was not called)");
         return NULL;
     }
+    /* Its geometry, read under a torch function mode, would be the mode's answers. */
+    int active = modes_active();
+    if (active != 0) {
+        if (active > 0) {
+            PyErr_SetString(PyExc_ValueError, "BlockWriter: made under a torch function mode");
+        }
+        return NULL;
+    }
     long long dims, itemsize, sizes[2] = {1, 1}, strides[2] = {0, 0};
     if (call_for_integer(target, DIM, &dims) < 0) return NULL;
     if (dims != 1 && dims != 2) {
@@ -589,14 +602,17 @@ static int read_versions(PyObject *const *views, Py_ssize_t count, long long *ve
     return 0;
 }
 
-/* The exception now set, raised while `handled` was (as inside an `except` block): it gets
- * `handled` as its context, as Python gives it. */
-static void raised_during(PyObject *handled) {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (value != NULL && value != handled) PyException_SetContext(value, Py_NewRef(handled));
-    PyErr_Restore(type, value, traceback);
+/* `value` made the exception being handled, as inside an `except` block, its predecessor kept in
+ * `saved` until `stop_handling`: an exception raised meanwhile gets it as its context, chained
+ * as Python chains exceptions. */
+static void start_handling(PyObject *type, PyObject *value, PyObject *traceback,
+                           PyObject *saved[3]) {
+    PyErr_GetExcInfo(&saved[0], &saved[1], &saved[2]);
+    PyErr_SetExcInfo(Py_XNewRef(type), Py_XNewRef(value), Py_XNewRef(traceback));
+}
+
+static void stop_handling(PyObject *saved[3]) {
+    PyErr_SetExcInfo(saved[0], saved[1], saved[2]);
 }
 
 /* The exception now set, taken out of the thread's state (normalized, its traceback attached):
@@ -610,8 +626,7 @@ static PyObject *fetch_error(PyObject **type, PyObject **traceback) {
 }
 
 /* The runner on `views` inside the guard, as a `with` statement runs it: its return value (None
- * where the guard swallowed the runner's exception), or NULL with an exception set. (Unlike a
- * `with`, the guard's __exit__ does not see the exception in `sys.exc_info()`.) */
+ * where the guard swallowed the runner's exception), or NULL with an exception set. */
 static PyObject *run_guarded(ModelRun *self, PyObject *views) {
     if (self->guard == NULL) return PyObject_CallOneArg(self->runner, views);
     PyObject *context = PyObject_CallOneArg(self->guard, Py_True);
@@ -629,20 +644,19 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
     } else {
         /* The runner's exception goes on once the guard has exited, unless __exit__ returns
          * true; an error of the guard's own replaces it, with it as its context. */
-        PyObject *type, *traceback, *value = fetch_error(&type, &traceback);
+        PyObject *type, *traceback, *value = fetch_error(&type, &traceback), *saved[3];
+        start_handling(type, value, traceback, saved);
         exited = PyObject_CallMethodObjArgs(context, names[EXIT], type, value,
                                             traceback != NULL ? traceback : Py_None, NULL);
         int swallowed = exited != NULL ? PyObject_IsTrue(exited) : -1;
+        stop_handling(saved);
         if (swallowed == 1) {
             result = Py_NewRef(Py_None);
         }
         if (swallowed == 0) {
             PyErr_Restore(type, value, traceback);
         } else {
-            if (swallowed < 0 && value != NULL) {
-                raised_during(value);
-                Py_CLEAR(exited);
-            }
+            if (swallowed < 0) Py_CLEAR(exited);
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(traceback);
@@ -883,8 +897,10 @@ typedef struct {
 } PlannedCall;
 
 /* The plan of `binding`'s call with `collections` (a new reference), or NULL: none, or an
- * exception set. */
-static PyObject *find_plan(PyObject *binding, PyObject *collections) {
+ * exception set. `key` is set to the plans' key of the call (a new reference) where it was
+ * looked up, else NULL (protected inputs, no plans kept). */
+static PyObject *find_plan(PyObject *binding, PyObject *collections, PyObject **key) {
+    *key = NULL;
     PyObject *protect = PyObject_GetAttr(binding, names[PROTECT_INPUTS]);
     int protected = protect == NULL ? -1 : PyObject_IsTrue(protect);
     Py_XDECREF(protect);
@@ -896,14 +912,17 @@ static PyObject *find_plan(PyObject *binding, PyObject *collections) {
     }
     /* `tuple(map(id, collections))`: plans are kept by their collections' ids. */
     const Py_ssize_t count = PyTuple_GET_SIZE(collections);
-    PyObject *key = PyTuple_New(count), *plan = NULL;
-    for (Py_ssize_t position = 0; key != NULL && position < count; position++) {
+    PyObject *plan = NULL;
+    *key = PyTuple_New(count);
+    for (Py_ssize_t position = 0; *key != NULL && position < count; position++) {
         PyObject *id = PyLong_FromVoidPtr(PyTuple_GET_ITEM(collections, position));
-        if (id == NULL) Py_CLEAR(key);
-        else PyTuple_SET_ITEM(key, position, id);
+        if (id == NULL) Py_CLEAR(*key);
+        else PyTuple_SET_ITEM(*key, position, id);
     }
-    if (key != NULL) plan = Py_XNewRef(PyDict_GetItemWithError(plans, key));
-    Py_XDECREF(key);
+    if (*key != NULL) {
+        plan = Py_XNewRef(PyDict_GetItemWithError(plans, *key));
+        if (plan == NULL && PyErr_Occurred()) Py_CLEAR(*key);
+    }
     Py_DECREF(plans);
     return plan;
 }
@@ -915,13 +934,21 @@ static PyObject *PlannedCall_vectorcall(PyObject *callable, PyObject *const *arg
         PyErr_SetString(PyExc_RuntimeError, "PlannedCall: it was cleared");
         return NULL;
     }
-    PyObject *plan = NULL;
+    PyObject *plan = NULL, *key = NULL;
     if (PyVectorcall_NARGS(nargsf) == 4 && kwnames == NULL && PyTuple_CheckExact(args[1]) &&
         args[2] == Py_None && args[3] == Py_None) {
-        plan = find_plan(args[0], args[1]);
+        plan = find_plan(args[0], args[1], &key);
         if (plan == NULL && PyErr_Occurred()) return NULL;
     }
-    if (plan == NULL) return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    if (plan == NULL) {
+        if (key == NULL) return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+        /* The Python method's path from there, without its lookup again. */
+        PyObject *done = PyObject_CallMethodObjArgs(args[0], names[CALL_WITHOUT_PLAN], args[1],
+                                                    Py_None, Py_None, key, NULL);
+        Py_DECREF(key);
+        return done;
+    }
+    Py_XDECREF(key);
     PyObject *binding = args[0], *result;
     PyObject *call = PyObject_GetAttr(plan, names[CALL]);
     if (call == NULL) {
@@ -931,15 +958,16 @@ static PyObject *PlannedCall_vectorcall(PyObject *callable, PyObject *const *arg
     } else {
         result = PyObject_CallNoArgs(call);
         if (result == NULL) {
-            PyObject *type, *traceback, *error = fetch_error(&type, &traceback);
+            PyObject *type, *traceback, *error = fetch_error(&type, &traceback), *saved[3];
+            start_handling(type, error, traceback, saved);
             PyObject *failed = PyObject_CallMethodObjArgs(binding, names[FAILED_PLAN], plan,
                                                           error != NULL ? error : Py_None, NULL);
+            stop_handling(saved);
             if (failed != NULL) {
                 Py_DECREF(failed);
                 PyErr_Restore(type, error, traceback);
             } else {
                 /* Its own error (the index range that the model refused) is raised instead. */
-                if (error != NULL) raised_during(error);
                 Py_XDECREF(type);
                 Py_XDECREF(error);
                 Py_XDECREF(traceback);
@@ -997,6 +1025,26 @@ static PyMemberDef PlannedCall_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* The Python method's name, qualified name, module and doc, and the method itself as the one it
+ * wraps: `inspect.signature` and `help` show the method's. */
+static PyObject *PlannedCall_function_attribute(PlannedCall *self, void *name) {
+    if (self->function == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "PlannedCall: it was cleared");
+        return NULL;
+    }
+    if (name == NULL) return Py_NewRef(self->function);
+    return PyObject_GetAttrString(self->function, (const char *)name);
+}
+
+static PyGetSetDef PlannedCall_getset[] = {
+    {"__name__", (getter)PlannedCall_function_attribute, NULL, NULL, "__name__"},
+    {"__qualname__", (getter)PlannedCall_function_attribute, NULL, NULL, "__qualname__"},
+    {"__module__", (getter)PlannedCall_function_attribute, NULL, NULL, "__module__"},
+    {"__doc__", (getter)PlannedCall_function_attribute, NULL, NULL, "__doc__"},
+    {"__wrapped__", (getter)PlannedCall_function_attribute, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject PlannedCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "soagen.runtime._compiled.PlannedCall",
@@ -1010,6 +1058,7 @@ static PyTypeObject PlannedCallType = {
     .tp_new = PlannedCall_new,
     .tp_descr_get = PlannedCall_get,
     .tp_members = PlannedCall_members,
+    .tp_getset = PlannedCall_getset,
     .tp_traverse = (traverseproc)PlannedCall_traverse,
     .tp_clear = (inquiry)PlannedCall_clear,
     .tp_dealloc = (destructor)PlannedCall_dealloc,

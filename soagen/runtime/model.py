@@ -438,6 +438,17 @@ class ModelBinding:
                     self._failed_plan(plan, error)
                     raise
                 return
+        self._call_without_plan(collections, stream, batch_size, key)
+
+    def _call_without_plan(
+        self,
+        collections: tuple[Collection, ...],
+        stream: object | None,
+        batch_size: int | None,
+        key: tuple[int, ...] | None,
+    ) -> None:
+        """The generated call whose collections have no plan (`key`: their plans' key, None for
+        a call that runs none): checked, and planned at its second call."""
         first_output = len(self._input_names)
         self._run_checked(
             dict(zip(self._input_names, collections[:first_output], strict=True)),

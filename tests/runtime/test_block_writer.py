@@ -345,6 +345,30 @@ def test_the_writer_reads_the_tensor_itself_not_python_attributes_of_its_names()
 
 
 @compiled
+def test_a_block_writer_is_not_made_under_a_torch_function_mode() -> None:
+    """Its geometry would be the mode's answers (a lying stride() would aim later writes past
+    the block): `block_writer` gives copy_ there."""
+
+    class Lying(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if getattr(func, "__name__", "") == "stride":
+                return (1, 3)
+            return func(*args, **(kwargs or {}))
+
+    storage, block = _block(6, 2, torch.float32)
+    with Lying():
+        with pytest.raises(ValueError, match="torch function mode"):
+            buffers._BlockWriter(block)
+        writer = buffers.block_writer(block)
+    assert not isinstance(writer, buffers._BlockWriter)
+    expected_storage, expected_block = _block(6, 2, torch.float32)
+    source = _random_values((6, 2), torch.float32)
+    expected_block.copy_(source)
+    writer(source)
+    assert _same_bits(storage, expected_storage)
+
+
+@compiled
 def test_where_torch_tensor_has_a_python_function_of_a_name_the_writer_calls_it() -> None:
     """`set_torch` takes torch's C functions only where torch.Tensor's names are torch's C
     descriptors; a name defined in Python is looked up and called on each read."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import io
+import sys
 import threading
 import traceback
 import typing
@@ -478,32 +479,42 @@ def test_the_generated_call_looks_its_plan_up_in_c_where_built(module, model_run
 def test_calls_without_a_plan_to_run_go_to_the_python_method(  # type: ignore[no-untyped-def]
     module, model_runs, monkeypatch
 ) -> None:
-    """A stream, a batch size, protected inputs, collections without a plan, a list, keywords:
-    the Python method takes them (and makes or skips plans as it does)."""
+    """A stream, a batch size, protected inputs, a list, keywords: the Python method takes them.
+    Collections without a plan go on to `_call_without_plan` with their plans' key (the compiled
+    lookup hands them there itself), which checks them and makes their plan at the second call."""
     taken: list[object] = []
+    keys: list[object] = []
+    call_without_plan = ModelBinding._call_without_plan
 
     def recorded(self, *arguments, **options):  # type: ignore[no-untyped-def]
         taken.append((arguments, options))
         return PYTHON_CALL_IN_SCHEMA_ORDER(self, *arguments, **options)
 
+    def without_plan(self, collections, stream, batch_size, key):  # type: ignore[no-untyped-def]
+        keys.append(key)
+        return call_without_plan(self, collections, stream, batch_size, key)
+
     method = recorded if model_runs == "python run" else type(CALL_IN_SCHEMA_ORDER)(recorded)
     monkeypatch.setattr(ModelBinding, "_call_in_schema_order", method)
+    monkeypatch.setattr(ModelBinding, "_call_without_plan", without_plan)
     net = Linear()
     model = module.Mlp(net)
     points, scores = _points(module, 40), module.Scores.allocate(40)
+    key = (id(points), id(scores))
     model(points, out=scores)  # no plan yet
     model(points, out=scores)  # makes it
-    assert len(taken) == 2 and model._plans
+    assert keys == [key, key] and model._plans
+    assert len(taken) == (2 if model_runs == "python run" else 0)
+    taken.clear()
     model(points, out=scores, batch_size=16)
-    model._call_in_schema_order([points, scores], None, None)
+    model._call_in_schema_order([points, scores], None, None)  # type: ignore[arg-type]
     model._call_in_schema_order((points, scores), stream=None, batch_size=None)
     model.protect_inputs = True
     model(points, out=scores)
     model.protect_inputs = False
-    calls = len(taken)
+    assert len(taken) == 4 and keys[2:] == [None, None]
     model(points, out=scores)  # the plan's call
-    assert len(taken) == calls + (model_runs == "python run")
-    assert calls == 6
+    assert len(taken) == 4 + (model_runs == "python run") and len(keys) == 4
     torch.testing.assert_close(torch.stack([scores.a, scores.b], 1), _expected(net, points))
 
 
@@ -547,3 +558,30 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
     with pytest.raises(LookupError, match="named by the check") as raised:
         model(points, out=scores)
     assert isinstance(raised.value.__context__, ArithmeticError)
+
+    # Chained as Python chains them: one it handled itself stays in the chain.
+    def handling(self, plan, error):  # type: ignore[no-untyped-def]
+        assert sys.exc_info()[1] is error  # the model's error is the one being handled
+        try:
+            raise KeyError("its own")
+        except KeyError:
+            raise LookupError("named by the check") from None
+
+    monkeypatch.setattr(ModelBinding, "_failed_plan", handling)
+    model = module.Mlp(FailsThirdTime())
+    points, scores, plan = _planned(module, model, 16)
+    with pytest.raises(LookupError) as raised:
+        model(points, out=scores)
+    own = raised.value.__context__
+    assert isinstance(own, KeyError) and isinstance(own.__context__, ArithmeticError)
+
+
+def test_the_compiled_lookup_shows_the_python_methods_name_signature_and_doc() -> None:
+    import inspect
+
+    method = ModelBinding.__dict__["_call_in_schema_order"]
+    assert method.__name__ == "_call_in_schema_order"
+    assert method.__qualname__ == "ModelBinding._call_in_schema_order"
+    assert method.__doc__ == PYTHON_CALL_IN_SCHEMA_ORDER.__doc__
+    parameters = list(inspect.signature(ModelBinding._call_in_schema_order).parameters)
+    assert parameters == ["self", "collections", "stream", "batch_size"]

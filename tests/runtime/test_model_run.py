@@ -391,7 +391,30 @@ def test_under_a_torch_function_mode_a_single_block_writer_leaves_the_result_to_
     before = storage.clone()
     result = torch.arange(6.0).view(3, 2)
     recorder = Recorder(None)
+    run = _written_run(result, block, recorder)
     with Lying():
-        assert _written_run(result, block, recorder)(_views()) == ["finished"]
+        assert run(_views()) == ["finished"]
     assert [event[0] for event in recorder.events] == ["finish"]
     assert torch.equal(storage, before)
+
+
+def test_the_guards_exit_sees_the_runners_error_as_the_one_being_handled() -> None:
+    import sys
+
+    seen: list[object] = []
+
+    class Watching(Guard):
+        def __exit__(self, *exception: object) -> None:
+            seen.append(sys.exc_info()[1])
+            try:
+                raise OSError("its own")
+            except OSError:
+                raise ValueError("guard") from None
+
+    recorder = Failing(None)
+    recorder.guard = lambda mode: Watching(recorder, mode)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="guard") as raised:
+        _run(recorder, [torch.ones(1)])(_views())
+    own = raised.value.__context__
+    assert isinstance(seen[0], KeyError) and own is not None and own.__context__ is seen[0]
+    assert sys.exc_info() == (None, None, None)
