@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -1183,18 +1184,17 @@ static int read_indices(PyObject *tensor, long *code, long long sizes[2], long l
     return read_memory(tensor, dims, index_widths[*code], strides + 2 - dims, address);
 }
 
-/* `read_indices` and `find_extremes` on `tensor`: 1 with `found` and `code` set, 0 where it
- * reads no values (a RuntimeError of a tensor that cannot say is taken as that: no storage, a
- * functorch wrapper, a sparse tensor), -1 with an exception set. */
-static int extremes_of(PyObject *tensor, long *code, long long *count, extremes *found) {
+/* `read_indices` and `find_extremes` on `tensor` if it holds fewer than `most` values: 1 with
+ * `found` and `code` set, 0 where it reads no values (a RuntimeError of a tensor that cannot say
+ * is taken as that: no storage, a functorch wrapper, a sparse tensor), -1 with an exception set. */
+static int extremes_of(PyObject *tensor, long long most, long *code, extremes *found) {
     long long sizes[2] = {1, 1}, strides[2] = {0, 0};
     char *address = NULL;
     int readable = index_dtypes != NULL && tensor_type != NULL
                        ? read_indices(tensor, code, sizes, strides, &address)
                        : 0;
     if (readable < 0) return unless_runtime_error(0);
-    if (!readable) return 0;
-    *count = sizes[0] * sizes[1];
+    if (!readable || sizes[0] * sizes[1] >= most) return 0;
     find_extremes(*code, sizes, strides, address, found);
     return 1;
 }
@@ -1205,9 +1205,8 @@ static int extremes_of(PyObject *tensor, long *code, long long *count, extremes 
  * to the reads here could be anything). */
 static PyObject *index_extremes(PyObject *module, PyObject *tensor) {
     long code = 0;
-    long long count = 0;
     extremes found = {0, 0, 0, 0};
-    int readable = extremes_of(tensor, &code, &count, &found);
+    int readable = extremes_of(tensor, LLONG_MAX, &code, &found);
     if (readable < 0) return NULL;
     if (!readable) Py_RETURN_NONE;
     if (code == 7) {
@@ -1254,18 +1253,17 @@ static PyObject *IndexCheckedCall_vectorcall(PyObject *callable, PyObject *const
         long long bound = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
         if (bound == -1 && PyErr_Occurred()) return NULL;
         long code = 0;
-        long long count = 0;
         extremes found = {0, 0, 0, 0};
-        int readable = extremes_of(PyTuple_GET_ITEM(pair, 0), &code, &count, &found);
+        int readable = extremes_of(PyTuple_GET_ITEM(pair, 0), self->most, &code, &found);
         if (readable < 0) return NULL;
-        if (readable && count < self->most && in_range(code, &found, bound)) continue;
+        if (readable && in_range(code, &found, bound)) continue;
         PyObject *number_object = PyLong_FromSsize_t(number);
         if (number_object == NULL) return NULL;
         PyObject *checked = PyObject_CallOneArg(self->check, number_object);
         Py_DECREF(number_object);
         if (checked == NULL) return NULL;
         Py_DECREF(checked);
-        if (readable && count < self->most) {
+        if (readable) {
             /* The Python check read the same values and let them pass: never run on them. */
             PyErr_SetString(PyExc_RuntimeError, "IndexCheckedCall: an index outside its range "
                                                 "passed the Python check");
@@ -1289,10 +1287,17 @@ static PyObject *IndexCheckedCall_new(PyTypeObject *type, PyObject *args, PyObje
         PyObject *pair = PyTuple_GET_ITEM(checks, number);
         valid = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
                 PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1));
+        if (valid) {
+            /* A bound a C integer holds; as long long, the compare with uint64 values is exact. */
+            long long bound = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+            if (bound == -1 && PyErr_Occurred()) PyErr_Clear();
+            valid = bound >= 0;
+        }
     }
     if (!valid) {
         PyErr_SetString(PyExc_ValueError, "IndexCheckedCall: a tuple of (view, bound) pairs "
-                                          "with int bounds, and callables for call and check");
+                                          "with int bounds from 0 to 2**63 - 1, and callables "
+                                          "for call and check");
         return NULL;
     }
     IndexCheckedCall *self = (IndexCheckedCall *)type->tp_alloc(type, 0);

@@ -680,7 +680,8 @@ class ModelBinding:
                 call = index_checked(
                     tuple((views[position], size) for position, _, _, size in checks),
                     run,
-                    functools.partial(self._check_planned_index, views, tuple(checks)),
+                    # The class, not the binding: the plan it belongs to is the binding's.
+                    functools.partial(_check_planned_index, type(self), views, tuple(checks)),
                     _COMPILED_EXTREMES_MAX,
                 )
         plan = _CallPlan(
@@ -766,14 +767,6 @@ class ModelBinding:
         except BaseException as error:
             self._failed_plan(plan, error)
             raise
-
-    def _check_planned_index(
-        self, views: Sequence[torch.Tensor], checks: tuple[_IndexCheck, ...], number: int
-    ) -> None:
-        """A plan's index range check `number` of `checks` on its `views` (for the compiled
-        checks, `IndexCheckedCall`, where they do not read the values or find one outside)."""
-        position, index_name, bound_name, size = checks[number]
-        _check_index_range(type(self), index_name, views[position], bound_name, size)
 
     def _failed_plan(self, plan: _CallPlan, error: BaseException) -> None:
         """Drop a plan whose call failed, and raise `IndexRangeError` naming the values where
@@ -1181,6 +1174,18 @@ def _check_index_range(
     if found is not None:
         message = index_message(cls, index_name, bound_name, bound)
         raise IndexRangeError(f"{message} (values {found[0]}..{found[1]})")
+
+
+def _check_planned_index(
+    cls: type[ModelBinding],
+    views: Sequence[torch.Tensor],
+    checks: tuple[_IndexCheck, ...],
+    number: int,
+) -> None:
+    """A plan's index range check `number` of `checks` on its `views` (for the compiled checks,
+    `IndexCheckedCall`, where they do not read the values or find one outside)."""
+    position, index_name, bound_name, size = checks[number]
+    _check_index_range(cls, index_name, views[position], bound_name, size)
 
 
 def indices_outside(indices: torch.Tensor, bound: int) -> tuple[int, int] | None:

@@ -546,6 +546,17 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
         model(points, out=scores)
     assert handed == [raised.value] and not model._plans
     assert any(frame.name == "forward" for frame in traceback.extract_tb(raised.tb))
+    assert sys.exc_info() == (None, None, None)  # handled only while `_failed_plan` ran
+    # Called while the caller handles an exception of its own, which stays the one handled.
+    model = module.Mlp(FailsThirdTime())
+    points, scores, plan = _planned(module, model, 16)
+    try:
+        raise OSError("the caller's")
+    except OSError as outer:
+        with pytest.raises(ArithmeticError) as raised:
+            model(points, out=scores)
+        assert sys.exc_info()[1] is outer
+        assert raised.value.__context__ is outer
 
     # An error of `_failed_plan` (the index range the model refused) is raised instead, with the
     # model's as its context, as in an `except` block.
@@ -574,6 +585,7 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
         model(points, out=scores)
     own = raised.value.__context__
     assert isinstance(own, KeyError) and isinstance(own.__context__, ArithmeticError)
+    assert sys.exc_info() == (None, None, None)
 
 
 def test_the_compiled_lookup_shows_the_python_methods_name_signature_and_doc() -> None:
@@ -585,3 +597,20 @@ def test_the_compiled_lookup_shows_the_python_methods_name_signature_and_doc() -
     assert method.__doc__ == PYTHON_CALL_IN_SCHEMA_ORDER.__doc__
     parameters = list(inspect.signature(ModelBinding._call_in_schema_order).parameters)
     assert parameters == ["self", "collections", "stream", "batch_size"]
+
+
+def test_a_binding_with_an_index_checked_plan_is_freed_without_the_collector(module) -> None:  # type: ignore[no-untyped-def]
+    """Its plan holds no reference back to it: dropping the binding frees its model and backend
+    at once, as a binding whose plans have no checks."""
+    model = module.Neighbours(Gather())
+    points, scores = _points(module, 30), module.Scores.allocate(30)
+    model(points, out=scores)
+    model(points, out=scores)
+    assert model._plans
+    gone = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -57,7 +57,16 @@ def _index_block(values: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint64],
+    [
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.uint16,
+        torch.int32,
+        torch.uint32,
+        torch.int64,
+        torch.uint64,
+    ],
 )
 def test_indices_in_range_make_the_call_without_the_python_check(dtype: torch.dtype) -> None:
     recorder = Recorder()
@@ -110,16 +119,21 @@ def test_views_it_does_not_read_go_to_the_python_check_every_call() -> None:
 
 
 def test_under_a_torch_function_mode_every_view_goes_to_the_python_check() -> None:
-    class Lying(torch.overrides.TorchFunctionMode):
+    """The mode answers the reads: here it aims `data_ptr` at values in range while the view
+    holds one outside. Nothing is read by its answers; the Python check takes the view."""
+    decoy = _index_block([[1, 2]], torch.int64)
+    view = _index_block([[1, 99]], torch.int64)
+
+    class Aiming(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if getattr(func, "__name__", "") == "data_ptr":
-                return 0
+                return decoy.data_ptr()
             return func(*args, **(kwargs or {}))
 
-    recorder = Recorder()
-    with Lying():
-        assert _checked([(_index_block([[1, 2]], torch.int64), 10)], recorder)() == "ran"
-    assert recorder.events == [("check", 0), ("call", -1)]
+    recorder = Recorder(refused=(0,))
+    with Aiming(), pytest.raises(LookupError, match="index view 0 refused"):
+        _checked([(view, 10)], recorder)()
+    assert recorder.events == [("check", 0)]
 
 
 def test_an_index_checked_call_takes_only_what_it_can_check() -> None:
@@ -130,6 +144,9 @@ def test_an_index_checked_call_takes_only_what_it_can_check() -> None:
             INDEX_CHECKED_CALL(checks, recorder.call, recorder.check, 10)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="callables"):
         INDEX_CHECKED_CALL(((view, 3),), None, recorder.check, 10)
+    for bound in (-1, 2**63, 2**70):  # as long long, -1 would let every uint64 value through
+        with pytest.raises(ValueError, match="from 0 to 2"):
+            INDEX_CHECKED_CALL(((view, bound),), recorder.call, recorder.check, 10)
     call = INDEX_CHECKED_CALL(((view, 3),), recorder.call, recorder.check, 10)
     with pytest.raises(TypeError, match="no argument"):
         call(1)  # type: ignore[call-arg]
