@@ -681,19 +681,20 @@ def test_the_host_index_check_reads_every_integer_dtype(dtype: torch.dtype, coun
     assert indices_outside(values.to(dtype).t()[:, :0], 50) is None
 
 
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        torch.int8,
-        torch.uint8,
-        torch.int16,
-        torch.uint16,
-        torch.int32,
-        torch.uint32,
-        torch.int64,
-        torch.uint64,
-    ],
-)
+# Every integer dtype an index input may hold.
+INTEGER_DTYPES = [
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.uint16,
+    torch.int32,
+    torch.uint32,
+    torch.int64,
+    torch.uint64,
+]
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
 def test_the_compiled_pass_reads_each_integer_dtypes_extremes_in_every_layout(
     dtype: torch.dtype,
 ) -> None:

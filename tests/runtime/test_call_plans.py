@@ -186,19 +186,31 @@ def test_index_values_are_checked_on_every_planned_call(module, model_runs) -> N
     assert torch.equal(scores.a, before)  # nothing written
 
 
+class OnCall(nn.Module):
+    """Two columns of its points, and at its call number `number`, `change(points)` first."""
+
+    def __init__(self, number: int, change: typing.Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.number, self.change, self.calls = number, change, 0
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.number:
+            self.change(points)
+        return points[:, :2] * 1.0
+
+
+def _transpose_twice(points: torch.Tensor) -> None:
+    points.t_()  # the plan's view, changed in place
+    points.t_()
+
+
+def _fail(points: torch.Tensor) -> None:
+    raise ArithmeticError("third call")
+
+
 def test_a_model_that_writes_its_input_on_a_later_call_is_caught(module) -> None:  # type: ignore[no-untyped-def]
-    class WritesSecondTime(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, points: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            if self.calls == 2:
-                points.mul_(2.0)
-            return points[:, :2].clone()
-
-    model = module.Mlp(WritesSecondTime())
+    model = module.Mlp(OnCall(2, lambda points: points.mul_(2.0)))
     points, scores = _points(module, 16), module.Scores.allocate(16)
     model(points, out=scores)
     with pytest.raises(InputModifiedError, match="'points'"):
@@ -207,19 +219,7 @@ def test_a_model_that_writes_its_input_on_a_later_call_is_caught(module) -> None
 
 
 def test_a_model_that_reshapes_its_input_in_place_leaves_later_calls_right(module) -> None:  # type: ignore[no-untyped-def]
-    class TransposesOnce(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, points: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            if self.calls == 3:
-                points.t_()  # the plan's view, changed in place
-                points.t_()
-            return points[:, :2] * 1.0
-
-    model = module.Mlp(TransposesOnce())
+    model = module.Mlp(OnCall(3, _transpose_twice))
     points, scores, plan = _planned(module, model, 16)
     view = plan.views[0]
     with pytest.raises(InputModifiedError):
@@ -521,17 +521,6 @@ def test_calls_without_a_plan_to_run_go_to_the_python_method(  # type: ignore[no
 def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # type: ignore[no-untyped-def]
     module, monkeypatch
 ) -> None:
-    class FailsThirdTime(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, points: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            if self.calls == 3:
-                raise ArithmeticError("third call")
-            return points[:, :2] * 1.0
-
     handed: list[BaseException] = []
     failed_plan = ModelBinding._failed_plan
 
@@ -540,7 +529,7 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
         return failed_plan(self, plan, error)
 
     monkeypatch.setattr(ModelBinding, "_failed_plan", recorded)
-    model = module.Mlp(FailsThirdTime())
+    model = module.Mlp(OnCall(3, _fail))
     points, scores, plan = _planned(module, model, 16)
     with pytest.raises(ArithmeticError, match="third call") as raised:
         model(points, out=scores)
@@ -548,7 +537,7 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
     assert any(frame.name == "forward" for frame in traceback.extract_tb(raised.tb))
     assert sys.exc_info() == (None, None, None)  # handled only while `_failed_plan` ran
     # Called while the caller handles an exception of its own, which stays the one handled.
-    model = module.Mlp(FailsThirdTime())
+    model = module.Mlp(OnCall(3, _fail))
     points, scores, plan = _planned(module, model, 16)
     try:
         raise OSError("the caller's")
@@ -564,7 +553,7 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
         raise LookupError("named by the check")
 
     monkeypatch.setattr(ModelBinding, "_failed_plan", naming)
-    model = module.Mlp(FailsThirdTime())
+    model = module.Mlp(OnCall(3, _fail))
     points, scores, plan = _planned(module, model, 16)
     with pytest.raises(LookupError, match="named by the check") as raised:
         model(points, out=scores)
@@ -579,7 +568,7 @@ def test_a_failed_planned_call_hands_its_error_to_failed_plan_and_raises_it(  # 
             raise LookupError("named by the check") from None
 
     monkeypatch.setattr(ModelBinding, "_failed_plan", handling)
-    model = module.Mlp(FailsThirdTime())
+    model = module.Mlp(OnCall(3, _fail))
     points, scores, plan = _planned(module, model, 16)
     with pytest.raises(LookupError) as raised:
         model(points, out=scores)
@@ -603,10 +592,7 @@ def test_a_binding_with_an_index_checked_plan_is_freed_without_the_collector(mod
     """Its plan holds no reference back to it: dropping the binding frees its model and backend
     at once, as a binding whose plans have no checks."""
     model = module.Neighbours(Gather())
-    points, scores = _points(module, 30), module.Scores.allocate(30)
-    model(points, out=scores)
-    model(points, out=scores)
-    assert model._plans
+    points, scores = _planned(module, model, 30)[:2]
     gone = weakref.ref(model)
     gc.disable()
     try:

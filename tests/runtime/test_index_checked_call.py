@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from soagen.runtime import buffers
+from tests.runtime.test_adversarial_runtime import INTEGER_DTYPES
 
 if typing.TYPE_CHECKING:
     from soagen.runtime._compiled import IndexCheckedCall
@@ -55,19 +56,7 @@ def _index_block(values: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
     return block
 
 
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        torch.int8,
-        torch.uint8,
-        torch.int16,
-        torch.uint16,
-        torch.int32,
-        torch.uint32,
-        torch.int64,
-        torch.uint64,
-    ],
-)
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
 def test_indices_in_range_make_the_call_without_the_python_check(dtype: torch.dtype) -> None:
     recorder = Recorder()
     block = _index_block([[0, 9, 3], [4, 5, 9]], dtype)
