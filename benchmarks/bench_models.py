@@ -1116,7 +1116,6 @@ def graph_replay_paths(case: Case) -> dict[str, Callable[[], object]]:
 
     binding = case.binding
     assert binding is not None
-    inputs = {spec.name: case.collections[spec.block.layout] for spec in binding.INPUTS}
     (output,) = binding.OUTPUTS
     collection = case.collections[output.block.layout]
     block, result = collection.block(output.block), case.reference.clone()
@@ -1127,9 +1126,15 @@ def graph_replay_paths(case: Case) -> dict[str, Callable[[], object]]:
     )
     replay = functools.partial(block.copy_, result)
     graphed._graphs = CallGraphs(graphed, StandInGraph(replay), 8)
-    outputs = {output.name: collection}
+    # Through the generated call, as the GPU's null call with graphs runs: one collection per
+    # input layout, in the order the schema binds them.
+    layouts = [
+        case.collections[layout]
+        for layout in dict.fromkeys(spec.block.layout for spec in binding.INPUTS)
+    ]
+    call: Any = graphed
     paths: dict[str, Callable[[], object]] = {
-        GRAPHS_STAND_IN: lambda: graphed.run(inputs, outputs),
+        GRAPHS_STAND_IN: lambda: call(*layouts, out=collection),
         f"{GRAPHS_STAND_IN.removeprefix('soagen ')} runner alone": replay,
     }
     for name in paths:
