@@ -1,6 +1,7 @@
 /* The compiled parts of a planned call (`soagen.runtime.model`): a model's result written into its
  * output block (`BlockWriter`, for `soagen.runtime.buffers.block_writer`), the model's run around
- * it (`ModelRun`), and the generated call's way to its plan (`PlannedCall`).
+ * it (`ModelRun`), the generated call's way to its plan (`PlannedCall`), a plan's host index
+ * checks (`IndexCheckedCall`) and a graph plan's replay (`GraphCall`).
  *
  * `torch.Tensor.copy_` between small CPU tensors spends about a microsecond building its
  * TensorIterator, and once a model has run, that code is out of the instruction cache again: for a
@@ -38,12 +39,15 @@ enum {
     ENTER = TENSOR_NAME_COUNT, EXIT,
     /* and off bindings and their plans. */
     PROTECT_INPUTS, PLANS, CALL, RUN_PLAN, FAILED_PLAN, CALL_WITHOUT_PLAN,
+    /* and off graphs. */
+    TRAINING, MOVE_TO_END, REPLAY,
     NAME_COUNT
 };
 static const char *const name_texts[NAME_COUNT] = {
     "data_ptr", "stride", "is_neg", "is_conj", "copy_", "shape", "storage_offset", "dim",
     "element_size", "is_complex", "dtype", "is_cpu", "_version", "__enter__", "__exit__",
     "protect_inputs", "_plans", "call", "_run_plan", "_failed_plan", "_call_without_plan",
+    "training", "move_to_end", "replay",
 };
 static PyObject *names[NAME_COUNT];
 
@@ -1066,6 +1070,171 @@ static PyTypeObject PlannedCallType = {
     .tp_call = PyVectorcall_Call,
 };
 
+/* A graph plan's call (`soagen.runtime.graphs.CallGraphs.planned_call`): where each buffer lies
+ * where the plan found it and the module is not training, the graph captured for the caller's
+ * stream and these collections is replayed and moved to the end of the binding's LRU. Any other
+ * call (a buffer moved, no graph for this stream yet, a training module) goes to `call`, the
+ * Python function that does the same and captures, or runs eagerly, what it must. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *buffers;    /* a tuple: the collections' buffer tensors */
+    PyObject *addresses;  /* a tuple: each buffer's address when the plan was made */
+    PyObject *stream_of;  /* stream_of(device): the caller's stream, as keys hold it */
+    PyObject *device;
+    PyObject *placements; /* a tuple: the collections' part of the key */
+    PyObject *graphs;     /* the binding's graphs by key: an OrderedDict, least recent first */
+    PyObject *module;     /* the nn.Module whose training flag refuses graphs, or None */
+    PyObject *call;       /* call(): the Python function, for every other call */
+} GraphCall;
+
+/* The graph to replay for this call (a new reference), or NULL: none, or an exception set. */
+static PyObject *replayable_graph(GraphCall *self) {
+    for (Py_ssize_t position = 0; position < PyTuple_GET_SIZE(self->buffers); position++) {
+        PyObject *address = tensor_method(PyTuple_GET_ITEM(self->buffers, position), DATA_PTR);
+        if (address == NULL) return NULL;
+        int same = PyObject_RichCompareBool(address, PyTuple_GET_ITEM(self->addresses, position),
+                                            Py_EQ);
+        Py_DECREF(address);
+        if (same != 1) return NULL;
+    }
+    PyObject *stream = PyObject_CallOneArg(self->stream_of, self->device);
+    if (stream == NULL) return NULL;
+    const Py_ssize_t count = PyTuple_GET_SIZE(self->placements);
+    PyObject *key = PyTuple_New(count + 1);
+    if (key == NULL) {
+        Py_DECREF(stream);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(key, 0, stream);
+    for (Py_ssize_t position = 0; position < count; position++) {
+        PyTuple_SET_ITEM(key, position + 1, Py_NewRef(PyTuple_GET_ITEM(self->placements, position)));
+    }
+    PyObject *graph = Py_XNewRef(PyDict_GetItemWithError(self->graphs, key));
+    if (graph != NULL && self->module != Py_None) {
+        PyObject *training = PyObject_GetAttr(self->module, names[TRAINING]);
+        int trains = training == NULL ? -1 : PyObject_IsTrue(training);
+        Py_XDECREF(training);
+        if (trains != 0) Py_CLEAR(graph);
+    }
+    if (graph != NULL) {
+        PyObject *moved = PyObject_CallMethodOneArg(self->graphs, names[MOVE_TO_END], key);
+        if (moved == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();  /* dropped meanwhile by another thread's capture: replayed still */
+            } else {
+                Py_CLEAR(graph);
+            }
+        }
+        Py_XDECREF(moved);
+    }
+    Py_DECREF(key);
+    return graph;
+}
+
+static PyObject *GraphCall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    GraphCall *self = (GraphCall *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "GraphCall takes no argument");
+        return NULL;
+    }
+    if (self->call == NULL || self->buffers == NULL || self->addresses == NULL ||
+        self->stream_of == NULL || self->device == NULL || self->placements == NULL ||
+        self->graphs == NULL || self->module == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "GraphCall: it was cleared");
+        return NULL;
+    }
+    PyObject *graph = replayable_graph(self);
+    if (graph == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_CallNoArgs(self->call);
+    }
+    PyObject *replayed = PyObject_CallMethodNoArgs(graph, names[REPLAY]);
+    Py_DECREF(graph);
+    if (replayed == NULL) return NULL;
+    Py_DECREF(replayed);
+    Py_RETURN_NONE;
+}
+
+/* GraphCall(buffers, addresses, stream_of, device, placements, graphs, module, call): see the
+ * struct. */
+static PyObject *GraphCall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *buffers, *addresses, *stream_of, *device, *placements, *graphs, *module, *call;
+    static char *keywords[] = {"buffers", "addresses", "stream_of", "device", "placements",
+                               "graphs", "module", "call", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOO!O!OO", keywords, &PyTuple_Type,
+                                     &buffers, &PyTuple_Type, &addresses, &stream_of, &device,
+                                     &PyTuple_Type, &placements, &PyDict_Type, &graphs, &module,
+                                     &call)) {
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(buffers) != PyTuple_GET_SIZE(addresses) ||
+        !PyCallable_Check(stream_of) || !PyCallable_Check(call)) {
+        PyErr_SetString(PyExc_ValueError, "GraphCall: one address per buffer, and callables for "
+                                          "stream_of and call");
+        return NULL;
+    }
+    GraphCall *self = (GraphCall *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = GraphCall_vectorcall;
+    self->buffers = Py_NewRef(buffers);
+    self->addresses = Py_NewRef(addresses);
+    self->stream_of = Py_NewRef(stream_of);
+    self->device = Py_NewRef(device);
+    self->placements = Py_NewRef(placements);
+    self->graphs = Py_NewRef(graphs);
+    self->module = Py_NewRef(module);
+    self->call = Py_NewRef(call);
+    return (PyObject *)self;
+}
+
+static int GraphCall_traverse(GraphCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->buffers);
+    Py_VISIT(self->addresses);
+    Py_VISIT(self->stream_of);
+    Py_VISIT(self->device);
+    Py_VISIT(self->placements);
+    Py_VISIT(self->graphs);
+    Py_VISIT(self->module);
+    Py_VISIT(self->call);
+    return 0;
+}
+
+static int GraphCall_clear(GraphCall *self) {
+    Py_CLEAR(self->buffers);
+    Py_CLEAR(self->addresses);
+    Py_CLEAR(self->stream_of);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->placements);
+    Py_CLEAR(self->graphs);
+    Py_CLEAR(self->module);
+    Py_CLEAR(self->call);
+    return 0;
+}
+
+static void GraphCall_dealloc(GraphCall *self) {
+    PyObject_GC_UnTrack(self);
+    GraphCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject GraphCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "soagen.runtime._compiled.GraphCall",
+    .tp_doc = "GraphCall(buffers, addresses, stream_of, device, placements, graphs, module, call): "
+              "called without arguments, replays the graph of the caller's stream where the "
+              "buffers lie where they did and the module does not train; call() takes any other.",
+    .tp_basicsize = sizeof(GraphCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(GraphCall, vectorcall),
+    .tp_new = GraphCall_new,
+    .tp_traverse = (traverseproc)GraphCall_traverse,
+    .tp_clear = (inquiry)GraphCall_clear,
+    .tp_dealloc = (destructor)GraphCall_dealloc,
+    .tp_call = PyVectorcall_Call,
+};
+
 /* The integer dtypes whose values `index_extremes` reads, by torch.dtype: 0 int8, 1 uint8,
  * 2 int16, 3 uint16, 4 int32, 5 uint32, 6 int64, 7 uint64. Set by `set_index_dtypes`. */
 static PyObject *index_dtypes = NULL;
@@ -1375,7 +1544,8 @@ PyMODINIT_FUNC PyInit__compiled(void) {
     no_arguments = PyTuple_New(0);
     if (no_arguments == NULL) return NULL;
     if (PyType_Ready(&BlockWriterType) < 0 || PyType_Ready(&ModelRunType) < 0 ||
-        PyType_Ready(&PlannedCallType) < 0 || PyType_Ready(&IndexCheckedCallType) < 0) {
+        PyType_Ready(&PlannedCallType) < 0 || PyType_Ready(&IndexCheckedCallType) < 0 ||
+        PyType_Ready(&GraphCallType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_definition);
@@ -1383,7 +1553,8 @@ PyMODINIT_FUNC PyInit__compiled(void) {
     if (PyModule_AddObjectRef(module, "BlockWriter", (PyObject *)&BlockWriterType) < 0 ||
         PyModule_AddObjectRef(module, "ModelRun", (PyObject *)&ModelRunType) < 0 ||
         PyModule_AddObjectRef(module, "PlannedCall", (PyObject *)&PlannedCallType) < 0 ||
-        PyModule_AddObjectRef(module, "IndexCheckedCall", (PyObject *)&IndexCheckedCallType) < 0) {
+        PyModule_AddObjectRef(module, "IndexCheckedCall", (PyObject *)&IndexCheckedCallType) < 0 ||
+        PyModule_AddObjectRef(module, "GraphCall", (PyObject *)&GraphCallType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -35,3 +35,17 @@ class IndexCheckedCall:
         self, checks: tuple[tuple[Any, int], ...], call: Any, check: Any, most: int
     ) -> None: ...
     def __call__(self) -> object: ...
+
+class GraphCall:
+    def __init__(
+        self,
+        buffers: tuple[Any, ...],
+        addresses: tuple[int, ...],
+        stream_of: Any,
+        device: Any,
+        placements: tuple[Any, ...],
+        graphs: dict[Any, Any],
+        module: Any,
+        call: Any,
+    ) -> None: ...
+    def __call__(self) -> None: ...

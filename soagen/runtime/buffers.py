@@ -48,7 +48,7 @@ from soagen.runtime.errors import (
 )
 
 if typing.TYPE_CHECKING:
-    from soagen.runtime._compiled import BlockWriter, IndexCheckedCall, ModelRun
+    from soagen.runtime._compiled import BlockWriter, GraphCall, IndexCheckedCall, ModelRun
 
 DeviceLike = str | torch.device
 
@@ -202,10 +202,12 @@ def _load_compiled() -> tuple[
     type[ModelRun] | None,
     Callable[[torch.Tensor], tuple[int, int] | None] | None,
     type[IndexCheckedCall] | None,
+    type[GraphCall] | None,
 ]:
     try:
         from soagen.runtime._compiled import (
             BlockWriter,
+            GraphCall,
             IndexCheckedCall,
             ModelRun,
             index_extremes,
@@ -214,7 +216,7 @@ def _load_compiled() -> tuple[
             set_torch,
         )
     except ImportError:
-        return None, None, None, None
+        return None, None, None, None, None
     set_torch(torch.Tensor, torch._C._increment_version, _increment_takes_tuple())
     # Under a torch function mode, tensors answer through it: nothing is read by its answers.
     set_function_mode_check(torch._C._is_torch_function_mode_enabled)
@@ -223,7 +225,7 @@ def _load_compiled() -> tuple[
     set_index_dtypes(
         {getattr(torch, name): code for code, name in enumerate(names) if hasattr(torch, name)}
     )
-    return BlockWriter, ModelRun, index_extremes, IndexCheckedCall
+    return BlockWriter, ModelRun, index_extremes, IndexCheckedCall, GraphCall
 
 
 def _increment_takes_tuple() -> bool:
@@ -237,7 +239,7 @@ def _increment_takes_tuple() -> bool:
     return True
 
 
-_BlockWriter, _ModelRun, _index_extremes, _IndexCheckedCall = _load_compiled()
+_BlockWriter, _ModelRun, _index_extremes, _IndexCheckedCall, _GraphCall = _load_compiled()
 
 
 # ATen copies a CPU matrix whose transpose is contiguous through square tiles once it holds this

@@ -308,7 +308,14 @@ class CallGraphs:
                 device,
             )
 
-        return call
+        from soagen.runtime import buffers as buffer_module
+
+        compiled = buffer_module._GraphCall
+        if compiled is None:
+            return call
+        # The replay without this function's frame (`soagen/runtime/_compiled.c`); it hands any
+        # other call to this function.
+        return compiled(buffers, addresses, stream_of, device, placements, graphs, module, call)
 
     def _key(
         self,

@@ -276,6 +276,19 @@ def test_each_buffer_size_slice_and_stream_is_a_key_of_its_own(
     assert (capturer.captures, capturer.replays) == (7, replays + len(calls))
 
 
+@pytest.fixture(params=["compiled replay", "python replay"])
+def graph_calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A planned call's replay through `GraphCall` (`soagen/runtime/_compiled.c`, where the
+    install built it) and through the Python function it stands in for."""
+    from soagen.runtime import buffers
+
+    if request.param == "compiled replay" and buffers._GraphCall is None:
+        pytest.skip("soagen.runtime._compiled was not built by this install")
+    if request.param == "python replay":
+        monkeypatch.setattr(buffers, "_GraphCall", None)
+    return str(request.param)
+
+
 def planned(gnn: ModuleType, net: nn.Module, capturer: Any, nodes: Any, edges: Any, scores: Any):  # type: ignore[no-untyped-def]
     """A binding made with graphs=True, called twice with these collections: the first call
     captured, the second made their call plan, which later calls run."""
@@ -287,7 +300,7 @@ def planned(gnn: ModuleType, net: nn.Module, capturer: Any, nodes: Any, edges: A
 
 
 def test_a_planned_call_looks_its_graph_up_on_the_callers_stream_of_each_call(
-    gnn: ModuleType, net: nn.Module, monkeypatch: pytest.MonkeyPatch
+    gnn: ModuleType, net: nn.Module, monkeypatch: pytest.MonkeyPatch, graph_calls: str
 ) -> None:
     # The plan fixes the collections' part of the key, past the binding's checks of them
     # (`_run_checked`, never called again); the stream is the caller's at each call.
@@ -324,7 +337,7 @@ class AtCapturedAddresses(RerunCapturer):
 
 
 def test_a_planned_call_whose_buffer_storage_moved_captures_again(
-    gnn: ModuleType, net: nn.Module
+    gnn: ModuleType, net: nn.Module, graph_calls: str
 ) -> None:
     # A collection wrapping the user's tensor shares its storage; resizing that storage moves
     # the buffer under the same collection object, and its plan must not replay the old address.
@@ -346,7 +359,7 @@ def test_a_planned_call_whose_buffer_storage_moved_captures_again(
 
 
 def test_the_least_recently_used_graph_is_dropped_and_freed(
-    gnn: ModuleType, net: nn.Module
+    gnn: ModuleType, net: nn.Module, graph_calls: str
 ) -> None:
     capturer = RerunCapturer()
     model = graphed(gnn.EdgeClassifier, net, capturer, cache_size=2)
@@ -461,7 +474,9 @@ def test_an_error_while_capturing_propagates_and_leaves_the_outputs(mlp: ModuleT
     assert len(model._graphs) == 0
 
 
-def test_index_values_are_checked_inside_every_replay(gnn: ModuleType, net: nn.Module) -> None:
+def test_index_values_are_checked_inside_every_replay(
+    gnn: ModuleType, net: nn.Module, graph_calls: str
+) -> None:
     capturer = RerunCapturer()
     model = graphed(gnn.EdgeClassifier, net, capturer)
     nodes, edges = event(gnn, 30, 100, seed=1)
@@ -475,7 +490,9 @@ def test_index_values_are_checked_inside_every_replay(gnn: ModuleType, net: nn.M
     assert torch.equal(scores.score, torch.full((100,), -7.0))
 
 
-def test_a_module_back_in_training_mode_is_refused_not_replayed(gnn: ModuleType) -> None:
+def test_a_module_back_in_training_mode_is_refused_not_replayed(
+    gnn: ModuleType, graph_calls: str
+) -> None:
     capturer, net = RerunCapturer(), build_model()
     model = graphed(gnn.EdgeClassifier, net, capturer)
     nodes, edges = event(gnn, 30, 100, seed=1)
