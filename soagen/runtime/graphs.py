@@ -311,7 +311,9 @@ class CallGraphs:
         from soagen.runtime import buffers as buffer_module
 
         compiled = buffer_module._GraphCall
-        if compiled is None:
+        # It reads plain tensors' addresses as `torch.Tensor.data_ptr` does, whatever a subclass
+        # says: a subclass's buffer keeps this function.
+        if compiled is None or any(type(buffer) is not torch.Tensor for buffer in buffers):
             return call
         # The replay without this function's frame (`soagen/runtime/_compiled.c`); it hands any
         # other call to this function.

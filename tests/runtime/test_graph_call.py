@@ -35,7 +35,9 @@ class Graph:
 class Setting:
     """A plan's GraphCall over two buffers, and what its calls did."""
 
-    def __init__(self, graphs: OrderedDict[object, object] | None = None) -> None:
+    def __init__(
+        self, graphs: OrderedDict[object, object] | None = None, module: object = "a module"
+    ) -> None:
         self.events: list[str] = []
         self.stream = 1
         self.buffers = (torch.zeros(8), torch.zeros(4))
@@ -43,7 +45,7 @@ class Setting:
         self.graphs = OrderedDict() if graphs is None else graphs
         for stream in (1, 2):
             self.graphs[(stream, *self.placements)] = Graph(self.events, f"on {stream}")
-        self.module = nn.Linear(1, 1).eval()
+        self.module = nn.Linear(1, 1).eval() if module == "a module" else module
         self.call = GRAPH_CALL(
             self.buffers,
             tuple(buffer.data_ptr() for buffer in self.buffers),
@@ -55,7 +57,7 @@ class Setting:
             lambda: self.events.append("python"),
         )
 
-    def stream_of(self, device: torch.device) -> int:
+    def stream_of(self, device: torch.device) -> object:
         return self.stream
 
 
@@ -75,12 +77,37 @@ def test_any_other_call_goes_to_the_python_function() -> None:
     setting.stream = 3  # no graph captured for it yet
     setting.call()
     setting.stream = 1
-    setting.module.train()
+    module = typing.cast(nn.Module, setting.module)
+    module.train()
     setting.call()
-    setting.module.eval()
+    module.eval()
     setting.buffers[1].resize_(1000)  # a storage that moved
     setting.call()
     assert setting.events == ["python", "python", "python"]
+
+
+def test_without_a_module_the_graph_is_replayed() -> None:
+    setting = Setting(module=None)
+    setting.stream = 2
+    setting.call()
+    assert setting.events == ["replay on 2"]
+    assert list(setting.graphs)[-1] == (2, *setting.placements)
+
+
+def test_errors_of_the_training_flag_and_the_lookup_are_raised_before_any_replay() -> None:
+    class Unsure:
+        @property
+        def training(self) -> bool:
+            raise LookupError("training")
+
+    setting = Setting(module=Unsure())
+    with pytest.raises(LookupError, match="training"):
+        setting.call()
+    setting = Setting()
+    setting.stream = [1]  # type: ignore[assignment]  # unhashable: the lookup raises
+    with pytest.raises(TypeError):
+        setting.call()
+    assert setting.events == []
 
 
 def test_a_graph_dropped_before_it_is_moved_is_replayed_and_other_errors_are_raised() -> None:
@@ -149,8 +176,32 @@ def test_a_graph_call_takes_only_what_it_can_run() -> None:
 
 
 def test_a_graph_call_in_a_reference_cycle_is_collected() -> None:
-    setting = Setting()
-    gone = weakref.ref(setting)
-    del setting
-    gc.collect()
-    assert gone() is None
+    """A cycle through each object it holds that may hold it back: its Python call, a graph,
+    the module."""
+
+    class Holder(nn.Module):
+        graph_call: object = None
+
+        def forward(self) -> None:  # as the Python call
+            pass
+
+    for through in ("its python call", "a graph", "the module"):
+        holder = Holder().eval()
+        buffer = torch.zeros(2)
+        graphs: OrderedDict[object, object] = OrderedDict()
+        if through == "a graph":
+            graphs[(1,)] = holder
+        holder.graph_call = GRAPH_CALL(
+            (buffer,),
+            (buffer.data_ptr(),),
+            lambda device: 1,
+            torch.device("cpu"),
+            (),
+            graphs,
+            holder if through == "the module" else None,
+            holder if through == "its python call" else (lambda: None),
+        )
+        gone = weakref.ref(holder)
+        del holder, graphs
+        gc.collect()
+        assert gone() is None, through

@@ -292,10 +292,15 @@ def graph_calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 def planned(gnn: ModuleType, net: nn.Module, capturer: Any, nodes: Any, edges: Any, scores: Any):  # type: ignore[no-untyped-def]
     """A binding made with graphs=True, called twice with these collections: the first call
     captured, the second made their call plan, which later calls run."""
+    from soagen.runtime import buffers
+
     model = graphed(gnn.EdgeClassifier, net, capturer)
     for _ in range(2):
         model(nodes, edges, out=scores)
     assert len(model._plans) == 1 and capturer.captures == 1
+    (plan,) = model._plans.values()
+    # The compiled replay where built (the `graph_calls` fixture turns it off for its other run).
+    assert buffers._GraphCall is None or isinstance(plan.call, buffers._GraphCall)
     return model
 
 
