@@ -7,11 +7,12 @@
  * TensorIterator, and once a model has run, that code is out of the instruction cache again: for a
  * [1e3, 2] result it costs more than the copy. Here the copy is a loop over the two tensors'
  * addresses and strides, read by the C functions behind their Python methods and attributes, so
- * this file needs CPython's headers only. What it does not copy itself (a tensor subclass, a negative or conjugate view, a
- * tensor without strided memory, memory shared with the block) goes to `target.copy_(source)`,
- * which copies it, or refuses it, as it always does. Likewise the Python frames around the model
- * cost more than their work once it has run; `ModelRun` and `PlannedCall` do that work for a call
- * that goes as it should and hand any other to the Python function that checks it.
+ * this file needs CPython's headers only. What it does not copy itself (a tensor subclass, a
+ * negative or conjugate view, a tensor without strided memory, memory shared with the block) goes
+ * to `target.copy_(source)`, which copies it, or refuses it, as it always does. Likewise the
+ * Python frames around the model cost more than their work once it has run; the other types here
+ * do that work for a call that goes as it should and hand any other to the Python function that
+ * checks it.
  *
  * Built by `pip install` (pyproject.toml: an optional extension); after editing this file, run
  * `pip install -e .` again.
@@ -230,6 +231,52 @@ static int read_memory(PyObject *tensor, Py_ssize_t dims, long long itemsize, lo
     return *address != NULL && (uintptr_t)*address != (uintptr_t)(offset * itemsize);
 }
 
+/* Whether a vectorcall passed `count` positional arguments and no keyword; else a TypeError
+ * saying `message` is set. */
+static int called_with(size_t nargsf, PyObject *kwnames, Py_ssize_t count, const char *message) {
+    int keywords = kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0;
+    if (PyVectorcall_NARGS(nargsf) == count && !keywords) return 1;
+    PyErr_SetString(PyExc_TypeError, message);
+    return 0;
+}
+
+/* The garbage collector's functions of a type here, from the offsets of the objects it owns
+ * (fields that may be NULL included): tp_traverse visits them, tp_clear and tp_dealloc release
+ * them. A call after tp_clear finds them NULL and raises. */
+static int traverse_fields(PyObject *self, const Py_ssize_t *fields, visitproc visit, void *arg) {
+    for (; *fields >= 0; fields++) Py_VISIT(*(PyObject **)((char *)self + *fields));
+    return 0;
+}
+
+static int clear_fields(PyObject *self, const Py_ssize_t *fields) {
+    for (; *fields >= 0; fields++) {
+        PyObject **field = (PyObject **)((char *)self + *fields);
+        Py_CLEAR(*field);
+    }
+    return 0;
+}
+
+#define GC_FUNCTIONS(Type, ...)                                                            \
+    static const Py_ssize_t Type##_fields[] = {__VA_ARGS__, -1};                          \
+    static int Type##_traverse(PyObject *self, visitproc visit, void *arg) {              \
+        return traverse_fields(self, Type##_fields, visit, arg);                          \
+    }                                                                                     \
+    static int Type##_clear(PyObject *self) { return clear_fields(self, Type##_fields); } \
+    static void Type##_dealloc(PyObject *self) {                                          \
+        PyObject_GC_UnTrack(self);                                                        \
+        clear_fields(self, Type##_fields);                                                \
+        Py_TYPE(self)->tp_free(self);                                                     \
+    }
+
+/* The slots every callable type here shares: its name, size, vectorcall, GC and constructor. */
+#define CALLABLE_TYPE_SLOTS(Type, more_flags)                                              \
+    .tp_name = "soagen.runtime._compiled." #Type, .tp_basicsize = sizeof(Type),           \
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |    \
+                (more_flags),                                                             \
+    .tp_vectorcall_offset = offsetof(Type, vectorcall), .tp_new = Type##_new,             \
+    .tp_traverse = Type##_traverse, .tp_clear = Type##_clear, .tp_dealloc = Type##_dealloc, \
+    .tp_call = PyVectorcall_Call
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall; /* BlockWriter_vectorcall: a call without an argument tuple */
@@ -406,7 +453,8 @@ static PyObject *write_source(BlockWriter *self, PyObject *source, int status,
         char *source_low, *source_high, *target_low, *target_high;
         extent(self, source_address, source_strides, &source_low, &source_high);
         extent(self, target_address, self->strides, &target_low, &target_high);
-        readable = target_address != NULL && (source_high <= target_low || target_high <= source_low);
+        readable = target_address != NULL &&
+                   (source_high <= target_low || target_high <= source_low);
     }
     const long long source_steps[2] = {source_strides[0] * self->itemsize,
                                        source_strides[1] * self->itemsize};
@@ -444,10 +492,7 @@ static int writer_cleared(BlockWriter *self) {
 static PyObject *BlockWriter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                         PyObject *kwnames) {
     BlockWriter *self = (BlockWriter *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "BlockWriter takes one source");
-        return NULL;
-    }
+    if (!called_with(nargsf, kwnames, 1, "BlockWriter takes one source")) return NULL;
     if (writer_cleared(self)) return NULL;
     long long source_strides[2] = {0, 0};
     char *source_address = NULL;
@@ -534,42 +579,16 @@ static PyObject *BlockWriter_new(PyTypeObject *type, PyObject *args, PyObject *k
     return (PyObject *)self;
 }
 
-static int BlockWriter_traverse(BlockWriter *self, visitproc visit, void *arg) {
-    Py_VISIT(self->target);
-    Py_VISIT(self->targets);
-    Py_VISIT(self->dtype);
-    Py_VISIT(self->fallback);
-    return 0;
-}
-
-static int BlockWriter_clear(BlockWriter *self) {
-    Py_CLEAR(self->target);
-    Py_CLEAR(self->targets);
-    Py_CLEAR(self->dtype);
-    Py_CLEAR(self->fallback);
-    return 0;
-}
-
-static void BlockWriter_dealloc(BlockWriter *self) {
-    PyObject_GC_UnTrack(self);
-    BlockWriter_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(BlockWriter,
+             offsetof(BlockWriter, target), offsetof(BlockWriter, targets),
+             offsetof(BlockWriter, dtype), offsetof(BlockWriter, fallback))
 
 static PyTypeObject BlockWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._compiled.BlockWriter",
+    CALLABLE_TYPE_SLOTS(BlockWriter, 0),
     .tp_doc = "BlockWriter(target, fallback=None): called with a source tensor of the block's "
               "shape, dtype and device, writes it into the block (a plain CPU tensor of one or "
               "two axes); fallback(source) writes what its vectorized loops do not.",
-    .tp_basicsize = sizeof(BlockWriter),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(BlockWriter, vectorcall),
-    .tp_new = BlockWriter_new,
-    .tp_traverse = (traverseproc)BlockWriter_traverse,
-    .tp_clear = (inquiry)BlockWriter_clear,
-    .tp_dealloc = (destructor)BlockWriter_dealloc,
-    .tp_call = PyVectorcall_Call,
 };
 
 
@@ -589,9 +608,6 @@ typedef struct {
     PyObject *signatures; /* a tuple: each output block's signature, in schema order */
     PyObject *writers;    /* a tuple: each output block's writer, in schema order */
     PyObject *finish;     /* finish(views, versions or None, result) -> list of results */
-    /* The writer of a single output where it is a BlockWriter: its source check reads the
-     * result's signature, so the run reads it once. NULL otherwise (held in `writers`). */
-    BlockWriter *single_writer;
     int watched;          /* whether the views' version counters are compared around the run */
 } ModelRun;
 
@@ -680,10 +696,7 @@ static PyObject *run_guarded(ModelRun *self, PyObject *views) {
 static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                      PyObject *kwnames) {
     ModelRun *self = (ModelRun *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "ModelRun takes the list of input views");
-        return NULL;
-    }
+    if (!called_with(nargsf, kwnames, 1, "ModelRun takes the list of input views")) return NULL;
     if (self->runner == NULL || self->signatures == NULL || self->writers == NULL ||
         self->finish == NULL || self->signature == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "ModelRun: it was cleared");
@@ -735,9 +748,10 @@ static PyObject *ModelRun_vectorcall(PyObject *callable, PyObject *const *args, 
         usual = 0;
     }
     if (usual && written == NULL) goto done;
-    if (usual && self->single_writer != NULL) {
-        /* Checked and written at once: the block's writer reads the signature the check would. */
-        BlockWriter *writer = self->single_writer;
+    if (usual && outputs == 1 && Py_IS_TYPE(PyTuple_GET_ITEM(self->writers, 0), &BlockWriterType)) {
+        /* A single output's BlockWriter checks and writes it at once: its source check reads
+         * the signature the check below would. */
+        BlockWriter *writer = (BlockWriter *)PyTuple_GET_ITEM(self->writers, 0);
         PyObject *item = PyList_GET_ITEM(written, 0);
         long long strides[2] = {0, 0};
         char *address = NULL;
@@ -837,55 +851,21 @@ static PyObject *ModelRun_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->signatures = Py_NewRef(signatures);
     self->writers = Py_NewRef(writers);
     self->finish = Py_NewRef(finish);
-    PyObject *writer = PyTuple_GET_ITEM(writers, 0);
-    self->single_writer = PyTuple_GET_SIZE(writers) == 1 && Py_IS_TYPE(writer, &BlockWriterType)
-                              ? (BlockWriter *)writer  /* held in `writers` */
-                              : NULL;
     self->watched = watched;
     return (PyObject *)self;
 }
 
-static int ModelRun_traverse(ModelRun *self, visitproc visit, void *arg) {
-    Py_VISIT(self->runner);
-    Py_VISIT(self->guard);
-    Py_VISIT(self->signature);
-    Py_VISIT(self->signatures);
-    Py_VISIT(self->writers);
-    Py_VISIT(self->finish);
-    return 0;
-}
-
-static int ModelRun_clear(ModelRun *self) {
-    Py_CLEAR(self->runner);
-    Py_CLEAR(self->guard);
-    Py_CLEAR(self->signature);
-    Py_CLEAR(self->signatures);
-    self->single_writer = NULL;
-    Py_CLEAR(self->writers);
-    Py_CLEAR(self->finish);
-    return 0;
-}
-
-static void ModelRun_dealloc(ModelRun *self) {
-    PyObject_GC_UnTrack(self);
-    ModelRun_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(ModelRun,
+             offsetof(ModelRun, runner), offsetof(ModelRun, guard), offsetof(ModelRun, signature),
+             offsetof(ModelRun, signatures), offsetof(ModelRun, writers),
+             offsetof(ModelRun, finish))
 
 static PyTypeObject ModelRunType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._compiled.ModelRun",
+    CALLABLE_TYPE_SLOTS(ModelRun, 0),
     .tp_doc = "ModelRun(runner, guard, signature, signatures, writers, finish, watched): called "
               "with the list of input views, runs the model on them and writes its results, or "
               "hands what it read to finish(views, versions, result).",
-    .tp_basicsize = sizeof(ModelRun),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(ModelRun, vectorcall),
-    .tp_new = ModelRun_new,
-    .tp_traverse = (traverseproc)ModelRun_traverse,
-    .tp_clear = (inquiry)ModelRun_clear,
-    .tp_dealloc = (destructor)ModelRun_dealloc,
-    .tp_call = PyVectorcall_Call,
 };
 
 /* The generated call's path through a binding's call plans (`ModelBinding._call_in_schema_order`,
@@ -1008,21 +988,8 @@ static PyObject *PlannedCall_get(PyObject *self, PyObject *instance, PyObject *o
     return PyMethod_New(self, instance);
 }
 
-static int PlannedCall_traverse(PlannedCall *self, visitproc visit, void *arg) {
-    Py_VISIT(self->function);
-    return 0;
-}
-
-static int PlannedCall_clear(PlannedCall *self) {
-    Py_CLEAR(self->function);
-    return 0;
-}
-
-static void PlannedCall_dealloc(PlannedCall *self) {
-    PyObject_GC_UnTrack(self);
-    PlannedCall_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(PlannedCall,
+             offsetof(PlannedCall, function))
 
 static PyMemberDef PlannedCall_members[] = {
     {"function", T_OBJECT, offsetof(PlannedCall, function), READONLY,
@@ -1052,22 +1019,13 @@ static PyGetSetDef PlannedCall_getset[] = {
 
 static PyTypeObject PlannedCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._compiled.PlannedCall",
+    CALLABLE_TYPE_SLOTS(PlannedCall, Py_TPFLAGS_METHOD_DESCRIPTOR),
     .tp_doc = "PlannedCall(function): a method that runs the call plan of a binding's call "
               "(binding, collections, stream, batch_size) where it has one, and calls function "
               "(the Python method it stands for) with any other.",
-    .tp_basicsize = sizeof(PlannedCall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-                Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_vectorcall_offset = offsetof(PlannedCall, vectorcall),
-    .tp_new = PlannedCall_new,
     .tp_descr_get = PlannedCall_get,
     .tp_members = PlannedCall_members,
     .tp_getset = PlannedCall_getset,
-    .tp_traverse = (traverseproc)PlannedCall_traverse,
-    .tp_clear = (inquiry)PlannedCall_clear,
-    .tp_dealloc = (destructor)PlannedCall_dealloc,
-    .tp_call = PyVectorcall_Call,
 };
 
 /* A graph plan's call (`soagen.runtime.graphs.CallGraphs.planned_call`): where each buffer lies
@@ -1108,7 +1066,8 @@ static PyObject *replayable_graph(GraphCall *self) {
     }
     PyTuple_SET_ITEM(key, 0, stream);
     for (Py_ssize_t position = 0; position < count; position++) {
-        PyTuple_SET_ITEM(key, position + 1, Py_NewRef(PyTuple_GET_ITEM(self->placements, position)));
+        PyObject *placement = PyTuple_GET_ITEM(self->placements, position);
+        PyTuple_SET_ITEM(key, position + 1, Py_NewRef(placement));
     }
     PyObject *graph = Py_XNewRef(PyDict_GetItemWithError(self->graphs, key));
     if (graph != NULL && self->module != Py_None) {
@@ -1135,10 +1094,7 @@ static PyObject *replayable_graph(GraphCall *self) {
 static PyObject *GraphCall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames) {
     GraphCall *self = (GraphCall *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "GraphCall takes no argument");
-        return NULL;
-    }
+    if (!called_with(nargsf, kwnames, 0, "GraphCall takes no argument")) return NULL;
     if (self->call == NULL || self->buffers == NULL || self->addresses == NULL ||
         self->stream_of == NULL || self->device == NULL || self->placements == NULL ||
         self->graphs == NULL || self->module == NULL) {
@@ -1189,50 +1145,18 @@ static PyObject *GraphCall_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     return (PyObject *)self;
 }
 
-static int GraphCall_traverse(GraphCall *self, visitproc visit, void *arg) {
-    Py_VISIT(self->buffers);
-    Py_VISIT(self->addresses);
-    Py_VISIT(self->stream_of);
-    Py_VISIT(self->device);
-    Py_VISIT(self->placements);
-    Py_VISIT(self->graphs);
-    Py_VISIT(self->module);
-    Py_VISIT(self->call);
-    return 0;
-}
-
-static int GraphCall_clear(GraphCall *self) {
-    Py_CLEAR(self->buffers);
-    Py_CLEAR(self->addresses);
-    Py_CLEAR(self->stream_of);
-    Py_CLEAR(self->device);
-    Py_CLEAR(self->placements);
-    Py_CLEAR(self->graphs);
-    Py_CLEAR(self->module);
-    Py_CLEAR(self->call);
-    return 0;
-}
-
-static void GraphCall_dealloc(GraphCall *self) {
-    PyObject_GC_UnTrack(self);
-    GraphCall_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(GraphCall,
+             offsetof(GraphCall, buffers), offsetof(GraphCall, addresses),
+             offsetof(GraphCall, stream_of), offsetof(GraphCall, device),
+             offsetof(GraphCall, placements), offsetof(GraphCall, graphs),
+             offsetof(GraphCall, module), offsetof(GraphCall, call))
 
 static PyTypeObject GraphCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._compiled.GraphCall",
+    CALLABLE_TYPE_SLOTS(GraphCall, 0),
     .tp_doc = "GraphCall(buffers, addresses, stream_of, device, placements, graphs, module, call): "
               "called without arguments, replays the graph of the caller's stream where the "
               "buffers lie where they did and the module does not train; call() takes any other.",
-    .tp_basicsize = sizeof(GraphCall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(GraphCall, vectorcall),
-    .tp_new = GraphCall_new,
-    .tp_traverse = (traverseproc)GraphCall_traverse,
-    .tp_clear = (inquiry)GraphCall_clear,
-    .tp_dealloc = (destructor)GraphCall_dealloc,
-    .tp_call = PyVectorcall_Call,
 };
 
 /* The integer dtypes whose values `index_extremes` reads, by torch.dtype: 0 int8, 1 uint8,
@@ -1409,10 +1333,7 @@ static int in_range(long code, const extremes *found, long long bound) {
 static PyObject *IndexCheckedCall_vectorcall(PyObject *callable, PyObject *const *args,
                                              size_t nargsf, PyObject *kwnames) {
     IndexCheckedCall *self = (IndexCheckedCall *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "IndexCheckedCall takes no argument");
-        return NULL;
-    }
+    if (!called_with(nargsf, kwnames, 0, "IndexCheckedCall takes no argument")) return NULL;
     if (self->checks == NULL || self->call == NULL || self->check == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "IndexCheckedCall: it was cleared");
         return NULL;
@@ -1479,40 +1400,16 @@ static PyObject *IndexCheckedCall_new(PyTypeObject *type, PyObject *args, PyObje
     return (PyObject *)self;
 }
 
-static int IndexCheckedCall_traverse(IndexCheckedCall *self, visitproc visit, void *arg) {
-    Py_VISIT(self->checks);
-    Py_VISIT(self->call);
-    Py_VISIT(self->check);
-    return 0;
-}
-
-static int IndexCheckedCall_clear(IndexCheckedCall *self) {
-    Py_CLEAR(self->checks);
-    Py_CLEAR(self->call);
-    Py_CLEAR(self->check);
-    return 0;
-}
-
-static void IndexCheckedCall_dealloc(IndexCheckedCall *self) {
-    PyObject_GC_UnTrack(self);
-    IndexCheckedCall_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+GC_FUNCTIONS(IndexCheckedCall,
+             offsetof(IndexCheckedCall, checks), offsetof(IndexCheckedCall, call),
+             offsetof(IndexCheckedCall, check))
 
 static PyTypeObject IndexCheckedCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "soagen.runtime._compiled.IndexCheckedCall",
+    CALLABLE_TYPE_SLOTS(IndexCheckedCall, 0),
     .tp_doc = "IndexCheckedCall(checks, call, check, most): called without arguments, checks "
               "that each (index view, bound) of checks holds values in [0, bound) and makes "
               "call(); check(number) checks what it does not read or finds outside.",
-    .tp_basicsize = sizeof(IndexCheckedCall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(IndexCheckedCall, vectorcall),
-    .tp_new = IndexCheckedCall_new,
-    .tp_traverse = (traverseproc)IndexCheckedCall_traverse,
-    .tp_clear = (inquiry)IndexCheckedCall_clear,
-    .tp_dealloc = (destructor)IndexCheckedCall_dealloc,
-    .tp_call = PyVectorcall_Call,
 };
 
 static PyMethodDef methods[] = {

@@ -672,11 +672,13 @@ class ModelBinding:
                 else functools.partial(model_call, views)
             )
             index_checked = (_buffers or _load_buffers())._IndexCheckedCall
-            if in_inference_mode:
-                pass
-            elif not checks:
+            if not checks and not in_inference_mode:
                 call = run
-            elif index_checked is not None and all(views[check[0]].is_cpu for check in checks):
+            elif (
+                not in_inference_mode
+                and index_checked is not None
+                and all(views[check[0]].is_cpu for check in checks)
+            ):
                 call = index_checked(
                     tuple((views[position], size) for position, _, _, size in checks),
                     run,
