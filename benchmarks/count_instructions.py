@@ -162,7 +162,7 @@ def table(counts: Mapping[str, int], calls: Mapping[str, int]) -> list[str]:
             ratio = f"{value / ideal:.3f}x" if ideal else ""
             sized.append(f"| {model} | {int(n):.0e} | {name} | {value:,.0f} | {ratio} |")
             continue
-        runner = f"{model}/{name.removeprefix('soagen ')} runner alone"
+        runner = f"{model}/{bench_models.backend_of(name)} runner alone"
         over = f"{value - per_call[runner]:+,.0f}" if runner in per_call else ""
         small.append(f"| {model} | {name} | {value:,.0f} | {over} |")
     footer = f"\nAn empty call (the loop, taken off every row): {loop:,.0f} instructions."

@@ -199,6 +199,7 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         overhead = report["overhead"]["cpu"][model]["1000"]
         assert {"soagen call, null model", "naive torch.tensor gather"} <= set(overhead)
         assert "soagen eager" in report["small_calls"][model]
+        assert "soagen eager, collections wrapped anew" in report["small_calls"][model]
         assert {e["check"] for e in report["small_calls"][model].values()} == {"passed"}
         memory = report["memory"][model]
         assert isinstance(memory, dict), memory
@@ -250,6 +251,9 @@ def test_quick_benchmark_checks_every_path_and_writes_results(tmp_path: Path) ->
         # No n >= 1e5 in a smoke run: the line says so instead of staying empty.
         assert f"- {model}, fastest soagen vs ideal (n >= 1e5): not judged (" in judged.stdout
     assert "the target's n = 1e7 did not run" in judged.stdout
+    assert re.search(
+        r"- gnn, a new event's call at n = 2 .*: eager \+[\d.]+ us, aot \+", judged.stdout
+    )
     assert 'index range check off (`index_bounds={"edge_index": None}`)' in judged.stdout
     assert "- gnn, binding layer with the index range check" in judged.stdout
 
@@ -342,6 +346,8 @@ def test_instruction_counts_are_read_per_path_and_judged_against_each_runner(
         10: ("gnn/aot write runner alone", 320_000, 10),
         11: ("gnn/ideal (eager, contiguous)", 900_000, 10),
         12: ("gnn n=1000/soagen eager", 4_602_000, 20),
+        13: ("gnn/eager runner alone", 6_000_000, 10),
+        14: ("gnn/soagen eager, collections wrapped anew", 9_500_000, 10),
     }
     for number, (label, total, _) in dumps.items():
         (tmp_path / f"callgrind.out.{number}").write_text(
@@ -357,3 +363,5 @@ def test_instruction_counts_are_read_per_path_and_judged_against_each_runner(
     assert "| gnn | ideal (eager, contiguous) | 89,900 |  |" in rows
     assert "| gnn | 1e+03 | ideal | 200,000 | 1.000x |" in rows
     assert "| gnn | 1e+03 | soagen eager | 230,000 | 1.150x |" in rows
+    # A new event's call, against the runner of the backend it runs.
+    assert "| gnn | soagen eager, collections wrapped anew | 949,900 | +350,000 |" in rows

@@ -24,7 +24,6 @@ import sys
 import typing
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -120,7 +119,8 @@ def device_matches(actual: torch.device, expected: torch.device) -> bool:
 
 def address(tensor: torch.Tensor) -> int:
     """The number whose residue modulo the alignment says whether the tensor's data is aligned."""
-    if tensor.device.type in _HANDLE_DEVICES:
+    # `is_cpu` and `is_cuda` first: `device` makes a new object at each read.
+    if not (tensor.is_cpu or tensor.is_cuda) and tensor.device.type in _HANDLE_DEVICES:
         return int(tensor.storage_offset()) * tensor.element_size()
     return int(tensor.data_ptr())
 
@@ -450,9 +450,9 @@ def contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous()
 
 
-@dataclass(frozen=True, slots=True)
-class Adopted:
-    """Foreign memory seen as one flat uint8 tensor."""
+class Adopted(typing.NamedTuple):
+    """Foreign memory seen as one flat uint8 tensor (a tuple: every `wrap` makes one, and a
+    frozen dataclass costs several times as much to make)."""
 
     tensor: torch.Tensor  # 1-D, uint8, contiguous, every byte of the object
     read_only: bool  # whether the memory itself refuses writes
@@ -466,23 +466,34 @@ def _numpy() -> Any:
     return sys.modules.get("numpy")
 
 
-def _from_tensor(tensor: torch.Tensor, kind: str) -> torch.Tensor:
+def _from_tensor(tensor: torch.Tensor, kind: str | None = None) -> torch.Tensor:
+    """`tensor`'s bytes as a flat uint8 tensor of our own; `kind`: what it came as, for
+    messages (by default, a torch tensor of its dtype)."""
     if tensor.layout != torch.strided or tensor.is_quantized:
         raise UnsupportedBufferError(
-            f"buffer must be a dense strided tensor, got a {kind} with layout {tensor.layout}"
+            f"buffer must be a dense strided tensor, got a {_tensor_kind(tensor, kind)} with "
+            f"layout {tensor.layout}"
         )
     if tensor.is_conj() or tensor.is_neg():
         raise UnsupportedBufferError(
-            f"buffer is a {kind} with a lazy conjugate or negation bit: its bytes are not its values; "
-            f"pass .resolve_conj().resolve_neg() (a copy) instead"
+            f"buffer is a {_tensor_kind(tensor, kind)} with a lazy conjugate or negation bit: its "
+            f"bytes are not its values; pass .resolve_conj().resolve_neg() (a copy) instead"
         )
     if not tensor.is_contiguous():
         raise NonContiguousBufferError(
-            f"buffer must be contiguous, got a {kind} of shape {tuple(tensor.shape)} with strides "
+            f"buffer must be contiguous, got a {_tensor_kind(tensor, kind)} of shape "
+            f"{tuple(tensor.shape)} with strides "
             f"{tensor.stride()}: pass the tensor it is a view of, or .contiguous() (a copy)"
         )
-    flat = tensor.detach().reshape(-1)
+    # A tensor of our own (`detach`), which the caller's later metadata changes do not reach.
+    flat = tensor.detach()
+    if flat.dim() != 1:
+        flat = flat.reshape(-1)
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def _tensor_kind(tensor: torch.Tensor, kind: str | None) -> str:
+    return kind or f"torch.Tensor of {tensor.dtype}"
 
 
 def _numpy_to_tensor(array: Any) -> torch.Tensor:
@@ -625,7 +636,7 @@ def _from_buffer_protocol(obj: Any, read_only: bool) -> Adopted:
 def adopt(obj: object, read_only: bool) -> Adopted:
     """See `obj`'s memory as a flat uint8 tensor without copying it, or raise a buffer error."""
     if isinstance(obj, torch.Tensor):
-        return Adopted(_from_tensor(obj, f"torch.Tensor of {obj.dtype}"), False, "torch.Tensor")
+        return Adopted(_from_tensor(obj), False, "torch.Tensor")
     np = _numpy()
     if np is not None and isinstance(obj, np.ndarray):
         return _from_numpy(obj, read_only)

@@ -33,9 +33,11 @@ Files. `save(path)` and `load(path)` write and read self-describing collection f
 from __future__ import annotations
 
 import builtins
+import importlib
 import operator
 import os
 import sys
+import types
 import typing
 from collections.abc import Mapping
 
@@ -91,10 +93,8 @@ class _Memory:
         """The buffer seen as `dtype` and that view's storage offset, made once per buffer."""
         found = self.typed.get(dtype)
         if found is None:
-            import torch
-
-            from soagen.runtime.buffers import typed_view
-
+            torch = _torch_module or _torch()
+            typed_view = (_buffers_module or _buffers()).typed_view
             # Made outside inference mode even when first asked inside it: every later view derives
             # from this one, and views of an inference-mode view refuse writes outside that mode.
             # (Entered only then: a new event's collections make theirs at its first call.)
@@ -154,6 +154,25 @@ class _HostBytes:
             "typestr": "|u1",
             "data": (buffer.data_ptr(), False),
         }
+
+
+# torch and `soagen.runtime.buffers` (which imports torch), bound at the first collection made
+# (this module imports neither): `_torch_module or _torch()` on paths each new event's
+# collections take, where an import statement or a call costs a frame.
+_torch_module: types.ModuleType | None = None
+_buffers_module: types.ModuleType | None = None
+
+
+def _torch() -> types.ModuleType:
+    global _torch_module
+    _torch_module = importlib.import_module("torch")
+    return _torch_module
+
+
+def _buffers() -> types.ModuleType:
+    global _buffers_module
+    _buffers_module = importlib.import_module("soagen.runtime.buffers")
+    return _buffers_module
 
 
 def _numpy_dtype(dtype: str) -> numpy.dtype[typing.Any]:
@@ -284,8 +303,7 @@ class Collection:
         Read-only memory is refused unless `read_only=True`; a read-only collection gives NumPy views
         only, or torch views too with `unsafe_torch_views=True` (see the module documentation).
         """
-        from soagen.runtime import buffers
-
+        buffers = _buffers_module or _buffers()
         count = element_count(n)
         if unsafe_torch_views and not read_only:
             raise ValueError("unsafe_torch_views=True only applies with read_only=True")
@@ -310,8 +328,12 @@ class Collection:
                 f"(exact=True): is n the producer's element count?"
             )
         buffers.check_alignment(tensor, cls.ALIGNMENT, cls.NAME)
+        # `adopt` made `tensor` (a new tensor object over the memory): ours to keep whole.
         memory = _Memory(
-            tensor[:needed], read_only, unsafe_torch_views or not read_only, adopted.host
+            tensor if tensor.numel() == needed else tensor[:needed],
+            read_only,
+            unsafe_torch_views or not read_only,
+            adopted.host,
         )
         return cls._create(memory, count, 0, count)
 
@@ -440,11 +462,11 @@ class Collection:
 
     # Views.
 
+    # The accessors look their views up with `get`: a new event's collections miss at every first
+    # call, where a caught KeyError costs more than the lookup.
+
     def _member(self, name: str) -> torch.Tensor:
-        try:
-            base, shape, strides, offset = self._members[name]
-        except KeyError:
-            base, shape, strides, offset = self._resolve_member(name)
+        base, shape, strides, offset = self._members.get(name) or self._resolve_member(name)
         return base.as_strided(shape, strides, offset)
 
     def member(self, name: str) -> torch.Tensor:
@@ -454,10 +476,7 @@ class Collection:
     def block(self, block: str | BlockSpec) -> torch.Tensor:
         """A model block as one strided view: a name from BLOCKS, or a BlockSpec of this layout
         (such as one declared on a model class). Scalars in a block broadcast with stride 0."""
-        try:
-            base, shape, strides, offset = self._blocks[block]
-        except KeyError:
-            base, shape, strides, offset = self._resolve_block(block)
+        base, shape, strides, offset = self._blocks.get(block) or self._resolve_block(block)
         return base.as_strided(shape, strides, offset)
 
     def _block_with_own_version(self, block: str | BlockSpec) -> torch.Tensor:
@@ -467,13 +486,8 @@ class Collection:
         bindings hand these to models, so that a write is pinned on the input that took it even
         while other threads fill other members. Inside `torch.inference_mode()`, where new tensors
         keep no version counter, it is `block(block)`."""
-        import torch
-
-        try:
-            base, shape, strides, offset = self._blocks[block]
-        except KeyError:
-            base, shape, strides, offset = self._resolve_block(block)
-        if torch.is_inference_mode_enabled():
+        base, shape, strides, offset = self._blocks.get(block) or self._resolve_block(block)
+        if (_torch_module or _torch()).is_inference_mode_enabled():
             return base.as_strided(shape, strides, offset)
         # The typed base's own storage: its offsets count from there, and it is not always the
         # buffer's (`typed_view` re-imports memory whose storage starts off the item size).
@@ -762,7 +776,8 @@ class Collection:
         return resolved
 
     def _resolve_block(self, block: str | BlockSpec) -> _Resolved:
-        self._check_torch_views()
+        if not self._memory.torch_views:
+            self._check_torch_views()  # raises
         resolved = self._resolve(*self._geometry.block(block))
         self._blocks[block] = resolved
         return resolved

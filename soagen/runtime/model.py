@@ -205,6 +205,12 @@ class ModelBinding:
         self.index_bounds: Mapping[str, str] = types.MappingProxyType(
             _checked_bounds(type(self), bounds)
         )
+        # Those the model checks itself (`Backend.index_ranges_checked`) run here only after it
+        # refused a call, to name the values; the others run before each call.
+        in_model = self._backend.index_ranges_checked
+        self._index_checked_in_model = frozenset(
+            name for name, bound in self.index_bounds.items() if in_model.get(name) == bound
+        )
         # Inputs holding indices, checked or not, with the input they index: their values count
         # from the start of that input's whole collection, so a `batch_size` call cannot slice it.
         indexed = {**declared_index_bounds(type(self).INPUTS), **self.index_bounds}
@@ -521,22 +527,24 @@ class ModelBinding:
             _check_names(cls, cls.OUTPUTS, outputs, "output")
             if in_order:
                 self._checked_classes.add(classes)
-        device = collections[0].device
+        # The collections' fields, not their properties: this runs for every new event's
+        # collections, where each property's frame counts.
+        device = collections[0]._device
         for collection in collections:
-            if collection.device != device:
+            if collection._device != device:
                 raise BindingError(
                     f"{cls.NAME}: all collections must be on one device, but {collection.NAME} is "
                     f"on {collection.device} and {collections[0].NAME} on {device}"
                 )
         for name, collection in outputs.items():
-            if collection.read_only:
+            if collection._memory.read_only:
                 raise ReadOnlyCollectionError(
                     f"{cls.NAME}: output {name!r} is a {collection.NAME} wrapped read-only "
                     f"(read_only=True), and the model's results would be written into it; give "
                     f"it a writable collection"
                 )
         for name, other in self._same_n:
-            if inputs[name].size != inputs[other].size:
+            if inputs[name]._size != inputs[other]._size:
                 raise BindingError(
                     f"{cls.NAME}: input {name!r} ({inputs[name].NAME}, n={inputs[name].size}) "
                     f"must hold as many elements as input {other!r} ({inputs[other].NAME}, "
@@ -638,12 +646,11 @@ class ModelBinding:
         if _any_elements(outputs):
             targets = [outputs[name].block(block) for name, block in self._output_blocks]
         views = self._input_views(inputs)
-        in_model = self._backend.index_ranges_checked
         checks: list[_IndexCheck] = []
         model_checks: list[_IndexCheck] = []
         for index_name, bound_name in self.index_bounds.items():
             check = (self._input_position[index_name], index_name, bound_name)
-            (model_checks if in_model.get(index_name) == bound_name else checks).append(
+            (model_checks if index_name in self._index_checked_in_model else checks).append(
                 (*check, inputs[bound_name].size)
             )
         # Not placed for a call with nothing to compute: it never reaches the model. The model's
@@ -799,7 +806,8 @@ class ModelBinding:
     ) -> None:
         """Run the model and write its outputs into `targets`, the output blocks (a remote binding
         runs it on its server instead)."""
-        self._check_overlaps(inputs, outputs)
+        if self._shared_members:
+            self._check_overlaps(inputs, outputs)
         self._evaluate(inputs, device, targets)
 
     def _check_overlaps(
@@ -833,10 +841,14 @@ class ModelBinding:
         views: Sequence[torch.Tensor],
         *,
         on_host: bool = False,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
-        """The `index_bounds` checks, on the input views in schema order; `on_host`: raise
-        `IndexRangeError` for device data too (see `_check_index_range`)."""
+        """The `index_bounds` checks, on the input views in schema order, but for the index
+        inputs in `skip`; `on_host`: raise `IndexRangeError` for device data too (see
+        `_check_index_range`)."""
         for index_name, bound_name in self.index_bounds.items():
+            if index_name in skip:
+                continue
             indices = views[self._input_position[index_name]]
             size = inputs[bound_name].size
             _check_index_range(type(self), index_name, indices, bound_name, size, on_host=on_host)
@@ -858,9 +870,17 @@ class ModelBinding:
             copies = {id(c): c.clone() for c in inputs.values()}
             sources = {name: copies[id(c)] for name, c in inputs.items()}
         views = self._input_views(sources)
-        if self.index_bounds:
-            self._check_index_ranges(sources, views)
-        return self._model_call(self._backend.on(device), targets, repeated=False)(views)
+        in_model = self._index_checked_in_model
+        if len(self.index_bounds) > len(in_model):
+            self._check_index_ranges(sources, views, skip=in_model)
+        model_call = self._model_call(self._backend.on(device), targets, repeated=False)
+        if not in_model:
+            return model_call(views)
+        try:
+            return model_call(views)
+        except RuntimeError:
+            self._check_index_ranges(sources, views)  # raises, naming the values it refused
+            raise
 
     def _input_views(self, inputs: Mapping[str, Collection]) -> list[torch.Tensor]:
         """The views handed to the model, in schema order. Where the backend moves version
@@ -1060,7 +1080,7 @@ def _any_elements(outputs: Mapping[str, Collection]) -> bool:
     numel(): every torch call here costs microseconds once the model has pushed this code out of
     the caches.)"""
     for collection in outputs.values():
-        if collection.size:
+        if collection._size:
             return True
     return False
 

@@ -316,9 +316,10 @@ def test_recorded_index_bounds_come_back(gnn: ModuleType, gnn_package: Path) -> 
 def test_a_cpu_package_checks_its_index_ranges_before_it_runs(
     gnn: ModuleType, gnn_package: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The range check is compiled into a CPU package, so a repeated call leaves it to the
-    package: no Python check on the plan's calls. A bad index is still refused with the values
-    named (checked in Python once the package refused it), and nothing is written."""
+    """The range check is compiled into a CPU package, so every call leaves it to the
+    package, with a plan or without: no Python check before it runs. A bad index is still
+    refused with the values named (checked in Python once the package refused it), and nothing
+    is written."""
     import soagen.runtime.model as binding_module
 
     compiled = gnn.EdgeClassifier.load(gnn_package)
@@ -334,7 +335,7 @@ def test_a_cpu_package_checks_its_index_ranges_before_it_runs(
     nodes, edges = _gnn_inputs(gnn, 10, 20)
     out = gnn.EdgeScores.allocate(20)
     compiled(nodes, edges, out=out)
-    assert checked == ["edge_index"]  # a first call checks as every call without a plan does
+    assert checked == []  # a first call leaves it to the package too
     compiled(nodes, edges, out=out)  # makes the plan
     (plan,) = compiled._plans.values()
     assert plan.index_checks == ()
@@ -356,6 +357,18 @@ def test_a_cpu_package_checks_its_index_ranges_before_it_runs(
         assert checked[-1] == "edge_index" and not compiled._plans
         assert bool((out.score == -7).all())
         indices[where] = kept
+    # A call without a plan (a new event's collections) names them too, and writes nothing.
+    kept = int(indices[1, 7])
+    indices[1, 7] = 12
+    new_out = gnn.EdgeScores.allocate(20)
+    new_out.score.fill_(-7)
+    with pytest.raises(IndexRangeError, match=r"outside \[0, 10\).*values \d+\.\.12") as error:
+        compiled(
+            type(nodes).wrap(nodes.buffer, 10), type(edges).wrap(edges.buffer, 20), out=new_out
+        )
+    assert isinstance(error.value.__context__, RuntimeError)
+    assert bool((new_out.score == -7).all())
+    indices[1, 7] = kept
     views = [nodes.block("node_features"), indices, edges.block("edge_features")]
     indices[0, 3] = 10
     with pytest.raises(RuntimeError, match=r"'edge_index' holds indices outside \[0, n\)"):
