@@ -948,15 +948,14 @@ class ModelBinding:
             return results
 
         if (
-            repeated
-            and buffers._ModelRun is not None
+            buffers._ModelRun is not None
             and targets is not None
             and not writes_outputs
             and copied is None
         ):
             # `finish` for the calls that go otherwise; those that go as they should, without
-            # the Python frames (`soagen/runtime/_compiled.c`). It takes the views as a list, as
-            # plans hold them.
+            # the Python frames (`soagen/runtime/_compiled.c`), planned or not. It takes the
+            # views as a list, as plans hold them and `_input_views` makes them.
             return typing.cast(
                 _ModelCall,
                 buffers._ModelRun(
