@@ -377,6 +377,8 @@ def copy_values(target: torch.Tensor, source: torch.Tensor) -> None:
     if (
         target.numel() < _STRIDED_COPY_MIN
         or target.stride() == source.stride()
+        or source.is_neg()  # bits that are not its values: copy_ resolves them
+        or source.is_conj()
         or target.device.type != "cpu"
         or source.device.type != "cpu"
         or target.dtype != source.dtype

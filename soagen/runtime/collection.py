@@ -304,6 +304,19 @@ class Collection:
         only, or torch views too with `unsafe_torch_views=True` (see the module documentation).
         """
         buffers = _buffers_module or _buffers()
+        torch = _torch_module or _torch()
+        if torch.is_inference_mode_enabled():
+            # Adopted outside inference mode even when wrapped inside it: tensors made in it (an
+            # array's, a dtype view of a tensor) refuse in-place writes outside it.
+            with torch.inference_mode(False):
+                return cls.wrap(
+                    buffer,
+                    n,
+                    device=device,
+                    read_only=read_only,
+                    unsafe_torch_views=unsafe_torch_views,
+                    exact=exact,
+                )
         count = element_count(n)
         if unsafe_torch_views and not read_only:
             raise ValueError("unsafe_torch_views=True only applies with read_only=True")

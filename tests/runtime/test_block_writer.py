@@ -210,6 +210,20 @@ def test_what_the_loop_cannot_copy_goes_to_copy_with_copys_result() -> None:
     )
 
 
+def test_a_large_negative_or_conjugate_view_is_written_with_its_values() -> None:
+    """Above `_STRIDED_COPY_MIN` values `copy_values` copies through integer views of the same
+    bits, which a view with a negation or conjugation bit does not have: copy_ resolves those."""
+    n = buffers._STRIDED_COPY_MIN
+    complex_values = _random_values((n, 2), torch.complex64).nan_to_num()
+    negative = complex_values.conj().imag
+    assert negative.is_neg()
+    conjugate = complex_values.conj()
+    assert conjugate.is_conj()
+    for write in (buffers.copy_values, lambda block, source: buffers.block_writer(block)(source)):
+        _written_as_copy_writes(write, n, 2, torch.float32, negative)
+        _written_as_copy_writes(write, n, 2, torch.complex64, conjugate)
+
+
 @compiled
 def test_a_source_over_its_block_is_copy_s_to_handle() -> None:
     # Memory shared with the block: a loop would read values it has already overwritten.

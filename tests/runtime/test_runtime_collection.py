@@ -11,7 +11,7 @@ import torch
 
 from generated.gnn import EdgeClassifier, Edges, EdgeScores, Nodes
 from soagen.dsl.names import COLLECTION_ATTRIBUTES
-from soagen.runtime import BlockSpec, Collection, StridedView
+from soagen.runtime import BlockSpec, Collection, StridedView, aligned_numpy, aligned_tensor
 from soagen.runtime.errors import (
     ColumnError,
     DeviceError,
@@ -389,3 +389,25 @@ def test_views_first_made_in_inference_mode_stay_writable() -> None:
     nodes.x.fill_(2.0)  # raised "Inplace update to inference tensor outside InferenceMode"
     nodes.block("node_features").add_(1.0)
     assert float(nodes.x[0]) == 3.0
+
+
+@pytest.mark.parametrize("kind", ["uint8", "float32", "int64", "numpy"])
+def test_a_buffer_wrapped_in_inference_mode_stays_writable_outside_it(kind: str) -> None:
+    """Memory made outside inference mode and wrapped inside it: the collection's bytes must not
+    be an inference tensor, which refuses in-place writes outside the mode."""
+    n = 10
+    nbytes = Nodes.byte_size(n)
+    if kind == "numpy":
+        array = aligned_numpy(nbytes, Nodes.ALIGNMENT)
+        array[:] = 0
+        memory: object = array
+    else:
+        memory = aligned_tensor(nbytes, Nodes.ALIGNMENT, zero=True).view(getattr(torch, kind))
+    with torch.inference_mode():
+        nodes = Nodes.wrap(memory, n)
+    assert not nodes._memory.buffer.is_inference()
+    nodes.buffer.fill_(0)
+    nodes.x.fill_(2.0)
+    nodes.block("node_features").add_(1.0)
+    assert float(nodes.x[0]) == 3.0
+    assert np.asarray(memory).view(np.uint8).any()  # the caller's memory took the writes
