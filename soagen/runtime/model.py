@@ -912,7 +912,7 @@ class ModelBinding:
             )
         protect_inputs = self.protect_inputs
         tensor_type = (_torch or _load_torch()).Tensor
-        signatures = _signatures(targets)
+        signatures = list(map(_SIGNATURE, targets or ()))
         buffers = _buffers or _load_buffers()
         # Empty where nothing is written here (no output blocks, or a package that writes them).
         # A single call makes a compiled writer only where its copy outweighs reading the block's
@@ -956,12 +956,11 @@ class ModelBinding:
             # `finish` for the calls that go otherwise; those that go as they should, without
             # the Python frames (`soagen/runtime/_compiled.c`), planned or not. It takes the
             # views as a list, as plans hold them and `_input_views` makes them.
-            return typing.cast(
-                _ModelCall,
-                buffers._ModelRun(
-                    runner, guard, _SIGNATURE, tuple(signatures), tuple(writers), finish, watched
-                ),
+            # Annotated, not `typing.cast`: a call of its own on every call without a plan.
+            compiled: _ModelCall = buffers._ModelRun(
+                runner, guard, _SIGNATURE, tuple(signatures), tuple(writers), finish, watched
             )
+            return compiled
 
         def model_call(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             versions = list(map(_VERSION, views)) if watched else None
@@ -1018,9 +1017,6 @@ def _compile_call_in_schema_order() -> None:
 
 
 _compile_call_in_schema_order()
-
-
-_Signature = tuple["torch.Size", "torch.dtype", "torch.device"]
 
 
 # What `ModelBinding._model_call` needs of a binding: its class; whether its backend moves version counters;
@@ -1082,10 +1078,6 @@ def _any_elements(outputs: Mapping[str, Collection]) -> bool:
         if collection._size:
             return True
     return False
-
-
-def _signatures(targets: Sequence[torch.Tensor] | None) -> list[_Signature]:
-    return list(map(_SIGNATURE, targets or ()))
 
 
 # C-level getters for the per-call checks: a comprehension is a function call of its own.
