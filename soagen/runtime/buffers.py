@@ -498,17 +498,30 @@ def _tensor_kind(tensor: torch.Tensor, kind: str | None) -> str:
     return kind or f"torch.Tensor of {tensor.dtype}"
 
 
+# Whether this NumPy exports read-only arrays through DLPack (None: not tried yet). Older ones
+# refuse; asking again at every read-only wrap (each event of a mapped event file) costs an
+# exception each time.
+_dlpack_takes_read_only: bool | None = None
+
+
 def _numpy_to_tensor(array: Any) -> torch.Tensor:
     """A tensor sharing a NumPy array's memory, read-only or not, without warnings."""
+    global _dlpack_takes_read_only
     if array.flags.writeable:
         return torch.from_numpy(array)
-    try:
-        # DLPack carries NumPy's read-only flag, which torch ignores: the import shares memory quietly.
-        return torch.utils.dlpack.from_dlpack(array)
-    except (BufferError, TypeError, RuntimeError):  # older NumPy refuses to export read-only arrays
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(array)
+    if _dlpack_takes_read_only is not False:
+        try:
+            # DLPack carries NumPy's read-only flag, which torch ignores: the import shares memory
+            # quietly.
+            tensor = torch.utils.dlpack.from_dlpack(array)
+        except (BufferError, TypeError, RuntimeError):
+            _dlpack_takes_read_only = False  # from_numpy shares the memory too, with a warning
+        else:
+            _dlpack_takes_read_only = True
+            return tensor
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 def tensor_of(array: Any, dtype: str) -> torch.Tensor:

@@ -6,6 +6,7 @@ import ctypes
 import mmap
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -388,6 +389,41 @@ def _read_only_sources(tmp_path: Path) -> dict[str, Any]:
         "dlpack": Producer(array),  # NumPy 2 marks it read-only; NumPy 1 refuses to export it
         "dlpack-marked": ReadOnlyProducer(marked),  # marked read-only under any NumPy
     }
+
+
+@pytest.mark.parametrize("known", [False, True])
+def test_a_read_only_array_is_shared_without_a_warning_whichever_way_numpy_exports_it(
+    monkeypatch: pytest.MonkeyPatch, known: bool
+) -> None:
+    """Read-only NumPy arrays go through DLPack where NumPy exports them, else through
+    `from_numpy` with its warning silenced; which one holds is found at the first such array
+    (each event of a mapped event file wraps one), and either way the memory is shared."""
+    from soagen.runtime import buffers
+
+    monkeypatch.setattr(buffers, "_dlpack_takes_read_only", None)
+    array = np.arange(16, dtype=np.uint8)
+    array.flags.writeable = False
+    exports: list[object] = []
+    from_dlpack = torch.utils.dlpack.from_dlpack
+
+    def counted(source: Any) -> torch.Tensor:
+        exports.append(source)
+        return from_dlpack(source)
+
+    monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", counted)
+    if known:
+        buffers._numpy_to_tensor(array)
+        exports.clear()
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tensor = buffers._numpy_to_tensor(array)
+        assert tensor.data_ptr() == array.ctypes.data
+        assert tensor.tolist() == list(range(16))
+    found = buffers._dlpack_takes_read_only
+    assert found in (True, False)
+    # Asked once where NumPy refuses; every time where it exports (the memory goes that way).
+    assert len(exports) == (3 if found else 0 if known else 1)
 
 
 @pytest.mark.parametrize("kind", ["bytes", "mmap", "numpy", "dlpack", "dlpack-marked"])
