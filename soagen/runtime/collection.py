@@ -303,20 +303,26 @@ class Collection:
         Read-only memory is refused unless `read_only=True`; a read-only collection gives NumPy views
         only, or torch views too with `unsafe_torch_views=True` (see the module documentation).
         """
-        buffers = _buffers_module or _buffers()
         torch = _torch_module or _torch()
         if torch.is_inference_mode_enabled():
             # Adopted outside inference mode even when wrapped inside it: tensors made in it (an
             # array's, a dtype view of a tensor) refuse in-place writes outside it.
             with torch.inference_mode(False):
-                return cls.wrap(
-                    buffer,
-                    n,
-                    device=device,
-                    read_only=read_only,
-                    unsafe_torch_views=unsafe_torch_views,
-                    exact=exact,
-                )
+                return cls._wrap(buffer, n, device, read_only, unsafe_torch_views, exact)
+        return cls._wrap(buffer, n, device, read_only, unsafe_torch_views, exact)
+
+    @classmethod
+    def _wrap(
+        cls: type[_C],
+        buffer: object,
+        n: int,
+        device: DeviceLike | None,
+        read_only: bool,
+        unsafe_torch_views: bool,
+        exact: bool,
+    ) -> _C:
+        """`wrap`, outside inference mode (a subclass's own `wrap` runs once around it)."""
+        buffers = _buffers_module or _buffers()
         count = element_count(n)
         if unsafe_torch_views and not read_only:
             raise ValueError("unsafe_torch_views=True only applies with read_only=True")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -411,3 +412,23 @@ def test_a_buffer_wrapped_in_inference_mode_stays_writable_outside_it(kind: str)
     nodes.block("node_features").add_(1.0)
     assert float(nodes.x[0]) == 3.0
     assert np.asarray(memory).view(np.uint8).any()  # the caller's memory took the writes
+
+
+def test_a_subclass_wrap_runs_once_inside_inference_mode_too() -> None:
+    """A layout subclass whose `wrap` takes the buffer past a header: wrapping outside inference
+    mode inside it must not run the subclass's `wrap` again on what it passed on."""
+    seen: list[int] = []
+
+    class Headed(Nodes):
+        @classmethod
+        def wrap(cls, buffer: Any, n: int, **options: Any) -> Headed:  # type: ignore[override]
+            seen.append(buffer.numel())
+            return super().wrap(buffer[128:], n, **options)
+
+    memory = aligned_tensor(128 + Nodes.byte_size(10), 128, zero=True)
+    for inference in (False, True):
+        seen.clear()
+        with torch.inference_mode(inference):
+            headed = Headed.wrap(memory, 10, exact=True)
+        assert seen == [memory.numel()]
+        assert headed.buffer.data_ptr() == memory.data_ptr() + 128
