@@ -1738,7 +1738,7 @@ def evaluate_targets(report: dict[str, Any]) -> list[str]:
         anew = [
             f"{backend_of(name)} +{(stats['min_ms'] - rows[kept]['min_ms']) * 1e3:.1f} us"
             for name, stats in rows.items()
-            if WRAPPED_ANEW in name and (kept := name.split(", ")[0]) in rows
+            if WRAPPED_ANEW in name and (kept := f"soagen {backend_of(name)}") in rows
         ]
         if anew:
             lines.append(

@@ -795,8 +795,7 @@ class Collection:
         return resolved
 
     def _resolve_block(self, block: str | BlockSpec) -> _Resolved:
-        if not self._memory.torch_views:
-            self._check_torch_views()  # raises
+        self._check_torch_views()
         resolved = self._resolve(*self._geometry.block(block))
         self._blocks[block] = resolved
         return resolved

@@ -874,12 +874,11 @@ class ModelBinding:
         if len(self.index_bounds) > len(in_model):
             self._check_index_ranges(sources, views, skip=in_model)
         model_call = self._model_call(self._backend.on(device), targets, repeated=False)
-        if not in_model:
-            return model_call(views)
         try:
             return model_call(views)
         except RuntimeError:
-            self._check_index_ranges(sources, views)  # raises, naming the values it refused
+            if in_model:
+                self._check_index_ranges(sources, views)  # raises, naming the values it refused
             raise
 
     def _input_views(self, inputs: Mapping[str, Collection]) -> list[torch.Tensor]:
