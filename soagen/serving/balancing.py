@@ -16,9 +16,11 @@ Health. A server whose attempt failed with a transient error (unreachable, the c
 deadline passed) is taken out of rotation. A thread of the balancer's own, started then and ended
 when every server is back, probes it `probe_interval` seconds later with Triton's readiness calls
 (`is_server_ready`, then `is_model_ready` for the served model); each failed probe doubles the wait,
-up to 8 x `probe_interval`. A server that passes is back in rotation, as is one that answers any
-attempt. Only transient failures count: a server that answers with an error (the event's own fault,
-say) stays in rotation.
+up to 8 x `probe_interval`. A server that passes (and failed no attempt after the probe began) is
+back in rotation, as is one that answers any attempt. A server that answers an attempt with an
+error (the event's own fault, say) stays in rotation; one that refuses the binding itself (it does
+not serve the model, or refuses the shared memory the binding requires) is taken out as a failed
+one is, so that calls go to the others and it comes back once it passes a probe.
 
 Registrations. Shared-memory regions are registered with each server separately (`generation`
 counts the times a server may have forgotten them: each transient failure); a region that is no
@@ -47,9 +49,9 @@ class ServerCounters:
 
     url: str
     sent: int  # attempts made on it (the requests sent, and those that failed before they left)
-    succeeded: int  # attempts answered with a response whose outputs were written
-    failed: int  # attempts that failed with a transient error (each took it out of rotation)
-    errors: int  # attempts it answered with an error, or with a response that does not fit
+    succeeded: int  # attempts answered with a response that fits the output blocks
+    failed: int  # attempts that failed with a transient error (the first of them took it out)
+    errors: int  # attempts it answered with an error or a response that does not fit, or refused
     retried_elsewhere: int  # calls that moved on to another server after it failed
     taken_out: int  # times it was taken out of rotation
     probes: int  # readiness probes made while it was out of rotation
@@ -177,38 +179,39 @@ class Balancer:
 
     def failed(self, server: Server, error: str) -> None:
         """The attempt on `server` failed with a transient error: out of rotation, to be probed."""
-        now = time.monotonic()
         with self.lock:
             server.outstanding -= 1
             server.failed += 1
-            server.failed_at = now
-            server.last_error = error
-            server.generation += 1  # a restarted server forgot the regions registered with it
-            if server.healthy:
-                server.healthy = False
-                server.taken_out += 1
-                server.wait = self.probe_interval
-                server.next_probe = now + server.wait
-            if self._closed:
-                return
-            if self._prober is None:
-                self._prober = threading.Thread(
-                    target=self._probe_loop, name="soagen-remote-probe", daemon=True
-                )
-                self._prober.start()
-            self.lock.notify_all()
+            # A restarted server forgot the regions registered with it, and may serve another
+            # form of the model: both are found again at its next attempt.
+            server.generation += 1
+            server.configuration = None
+            self._take_out(server, error)
+
+    def refused(self, server: Server, error: str) -> None:
+        """`server` refused the binding itself (it does not serve the model, or refuses the shared
+        memory the binding requires): counted as an error, out of rotation, to be probed."""
+        with self.lock:
+            server.outstanding -= 1
+            server.errors += 1
+            self._take_out(server, error)
 
     def moved_on(self, server: Server) -> None:
         """A call whose attempt on `server` failed goes on to another server."""
         with self.lock:
             server.retried_elsewhere += 1
 
-    def retire(self, server: Server, region: typing.Any) -> None:
-        """`region` is no longer used; it is registered with `server`, which is out of rotation:
-        unregister it there once the server is back (the probing thread does)."""
+    def retire(self, server: Server, region: typing.Any) -> bool:
+        """`region` is no longer used and is registered with `server`. Out of rotation, the server
+        keeps it until it is back, when the probing thread unregisters it (True); in rotation,
+        False: the caller unregisters it now. Decided under the lock, so that a server that comes
+        back meanwhile cannot leave it behind with no thread to unregister it."""
         with self.lock:
+            if server.healthy:
+                return False
             server.stale.append(region)
             self.lock.notify_all()
+            return True
 
     def counters(self) -> list[ServerCounters]:
         with self.lock:
@@ -223,7 +226,27 @@ class Balancer:
         if prober is not None and prober is not threading.current_thread() and timeout:
             prober.join(timeout)
 
-    # The probing thread.
+    # Health, and the probing thread.
+
+    def _take_out(self, server: Server, error: str) -> None:
+        """Out of rotation, probed by the probing thread (started here where none runs); under
+        the lock. While a server is out and the balancer open, the thread runs."""
+        now = time.monotonic()
+        server.failed_at = now
+        server.last_error = error
+        if server.healthy:
+            server.healthy = False
+            server.taken_out += 1
+            server.wait = self.probe_interval
+            server.next_probe = now + server.wait
+        if self._closed:
+            return
+        if self._prober is None:
+            self._prober = threading.Thread(
+                target=self._probe_loop, name="soagen-remote-probe", daemon=True
+            )
+            self._prober.start()
+        self.lock.notify_all()
 
     def _bring_back(self, server: Server) -> None:
         server.healthy = True
@@ -263,6 +286,7 @@ class Balancer:
                 except Exception:
                     pass  # the server lost it, or is gone again: nothing left to free
             for server in due:
+                begun = time.monotonic()
                 try:
                     self._probe(server)
                 except Exception as error:
@@ -274,11 +298,12 @@ class Balancer:
                     server.probes += 1
                     if server.healthy:
                         continue  # an attempt got an answer meanwhile
-                    if problem is None:
+                    if problem is None and server.failed_at <= begun:
                         self._bring_back(server)
-                    else:
+                        continue
+                    # Not ready, or an attempt failed after the probe began: that is the newer
+                    # word on the server.
+                    if problem is not None:
                         server.last_error = problem
-                        server.wait = min(
-                            2 * server.wait, PROBE_BACKOFF_LIMIT * self.probe_interval
-                        )
-                        server.next_probe = time.monotonic() + server.wait
+                    server.wait = min(2 * server.wait, PROBE_BACKOFF_LIMIT * self.probe_interval)
+                    server.next_probe = time.monotonic() + server.wait

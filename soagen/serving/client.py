@@ -112,6 +112,8 @@ _M = typing.TypeVar("_M", bound=ModelBinding)
 _TRANSIENT = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED")
 _ACCESS_HEADER = "triton-grpc-protocol-triton-access-token"
 _FIRST_PAUSE_S, _LONGEST_PAUSE_S = 0.05, 1.0
+# A region's registration with a server that may or may not have taken it (a deadline passed).
+_UNKNOWN_GENERATION = -1
 _PROBE_TIMEOUT_S = 2.0  # at most, for each readiness call of a probe (and `timeout` at most)
 # `package.module.SomeError: message`, as a traceback's last line gives an exception.
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception)): (.+)$")
@@ -445,6 +447,7 @@ class RemoteBinding(ModelBinding):
         raised at once, from that server."""
         grpc_error = self._grpc_error()
         failures: dict[int, str] = {}  # what each server failed with in this call
+        refusals: set[int] = set()  # the servers that refused the binding in this call
         attempts = 0
         start = time.monotonic()
         left: Server | None = None  # the server the call failed on last
@@ -474,8 +477,22 @@ class RemoteBinding(ModelBinding):
                         self._retire(call)
                     left = server
                     continue
+                except RemoteConfigurationError as error:
+                    if len(self._servers) == 1:
+                        self._balancer.abandoned(server)
+                        raise
+                    # This server cannot serve the binding; the others may.
+                    failures[server.slot] = str(error).removeprefix(f"{type(self).NAME}: ")
+                    refusals.add(server.slot)
+                    self._balancer.refused(server, failures[server.slot])
+                    if len(refusals) == len(self._servers):
+                        raise self._refused_by_all(failures) from None
+                    left = server
+                    continue
                 except BaseException:
                     self._balancer.abandoned(server)
+                    if call.region_sent:
+                        self._retire(call)  # the request may still be answered into it
                     raise
                 return server, response, request
         raise self._unavailable(attempts, time.monotonic() - start, failures)
@@ -555,6 +572,13 @@ class RemoteBinding(ModelBinding):
         return RemoteUnavailableError(
             f"{name}: none of its {len(servers)} Triton servers answered ({attempts} {each}): "
             f"{reasons}; nothing was written{hint}"
+        )
+
+    def _refused_by_all(self, reasons: Mapping[int, str]) -> RemoteConfigurationError:
+        each = "; ".join(reasons[server.slot] for server in self._servers)
+        return RemoteConfigurationError(
+            f"{type(self).NAME}: none of its {len(self._servers)} Triton servers can serve its "
+            f"calls: {each}; nothing was written"
         )
 
     def _configure(self, server: Server) -> _Layout:
@@ -667,13 +691,11 @@ class RemoteBinding(ModelBinding):
         out of rotation: once they are back), and free it."""
         for slot in list(region.registered):
             server = self._servers[slot]
-            if server.healthy:
+            if not self._balancer.retire(server, region):
                 try:
                     region.unregister(server.client, server.headers, min(self.timeout, 2.0))
                 except Exception:
                     pass  # a server that lost it has nothing to unregister
-            else:
-                self._balancer.retire(server, region)
         region.registered.clear()
         region.destroy()
 
@@ -696,6 +718,9 @@ class RemoteBinding(ModelBinding):
         except grpc_error as error:
             text = _message(error)
             if _is_transient(error):
+                # The server may have registered it after the deadline passed: its next
+                # registration there unregisters first.
+                region.registered.setdefault(server.slot, _UNKNOWN_GENERATION)
                 raise
             if region.device is not None:
                 # A server without GPU support, or on another host: host memory from now on.

@@ -160,6 +160,187 @@ def test_with_every_server_out_a_round_tries_the_one_that_failed_longest_ago() -
     balancer.close()
 
 
+def test_a_probe_begun_before_a_newer_failure_does_not_bring_the_server_back() -> None:
+    begun, release = threading.Event(), threading.Event()
+    probes = itertools.count()
+
+    def probe(server: Server) -> None:
+        if next(probes) == 0:
+            begun.set()
+            release.wait(10)  # ready, said slowly
+            return
+        raise ConnectionError("not ready")
+
+    servers = [Server(0, "127.0.0.1:9000", None, None, False)]
+    balancer = Balancer(
+        servers, probe_interval=0.05, probe=probe, unregister=lambda server, region: None
+    )
+    server = balancer.pick((), first=True)
+    assert server is not None
+    balancer.failed(server, "down")
+    assert begun.wait(10)
+    # While the probe is on its way, a call's attempt (every server out: a round's first pick
+    # takes it) fails: that is the newer word on the server.
+    assert balancer.pick((), first=True) is server
+    balancer.failed(server, "connection refused")
+    release.set()
+    deadline = time.monotonic() + 10
+    while server.probes < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert server.probes >= 1
+    assert not server.healthy and server.failed == 2 and server.taken_out == 1
+    balancer.close(timeout=5)
+
+
+def test_a_region_no_call_uses_is_unregistered_now_or_once_its_server_is_back() -> None:
+    unregistered: list[tuple[int, str]] = []
+    servers = [Server(0, "127.0.0.1:9000", None, None, False)]
+    balancer = Balancer(
+        servers,
+        probe_interval=60,
+        probe=lambda server: None,
+        unregister=lambda server, region: unregistered.append((server.slot, region)),
+    )
+    (server,) = servers
+    # In rotation: the caller unregisters it at once (decided under the balancer's lock, so a
+    # server that comes back meanwhile cannot strand it).
+    assert balancer.retire(server, "region-a") is False
+    assert server.stale == []
+    picked = balancer.pick((), first=True)
+    assert picked is server
+    balancer.failed(server, "down")
+    # Out of rotation: it waits, and the probing thread unregisters it once the server is back.
+    assert balancer.retire(server, "region-b") is True
+    assert server.stale == ["region-b"] and unregistered == []
+    assert balancer.pick((), first=True) is server  # the only server: a round still tries it
+    balancer.answered(server, accepted=True)
+    deadline = time.monotonic() + 10
+    while (not unregistered or balancer._prober is not None) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert unregistered == [(0, "region-b")] and server.stale == []
+    assert balancer._prober is None  # every server back and nothing left: the thread ended
+    balancer.close()
+
+
+class _StandInTriton:
+    """Triton's gRPC client as far as a remote binding uses it, over no server: a
+    shared-memory manager that takes each name once (a second registration is ALREADY_EXISTS,
+    as Triton answers), the binding's own tensors as the served configuration, and faults on
+    request: a registration that the server takes after its deadline passed, and an `infer`
+    that fails in the client."""
+
+    def __init__(self, remote: Any) -> None:
+        self.wires = remote._wires
+        self.regions: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        self.register_after_deadline = False
+        self.infer_fault: BaseException | None = None
+
+    def _error(self, text: str, status: str) -> Exception:
+        from tritonclient.utils import InferenceServerException
+
+        return InferenceServerException(text, status=f"StatusCode.{status}")
+
+    def get_model_config(self, model_name: str, **_: Any) -> dict[str, Any]:
+        def tensors(wires: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": w.name,
+                    "dims": [str(d) for d in w.dims],
+                    "data_type": f"TYPE_{w.datatype}",
+                }
+                for w in wires
+            ]
+
+        inputs, outputs = tensors(self.wires.inputs), tensors(self.wires.outputs)
+        return {"config": {"max_batch_size": 0, "input": inputs, "output": outputs}}
+
+    def register_system_shared_memory(self, name: str, key: str, size: int, **_: Any) -> None:
+        self.calls.append(("register", name))
+        if name in self.regions:
+            raise self._error(f"shared memory region '{name}' already in manager", "ALREADY_EXISTS")
+        self.regions.add(name)
+        if self.register_after_deadline:
+            self.register_after_deadline = False
+            raise self._error("Deadline Exceeded", "DEADLINE_EXCEEDED")
+
+    def unregister_system_shared_memory(self, name: str = "", **_: Any) -> None:
+        self.calls.append(("unregister", name))
+        self.regions.discard(name)
+
+    def infer(self, model_name: str, inputs: Any, **_: Any) -> Any:
+        self.calls.append(("infer", ""))
+        assert self.infer_fault is not None, "the stand-in answers no request"
+        raise self.infer_fault
+
+    def close(self) -> None:
+        pass
+
+
+def _with_stand_ins(remote: Any) -> list[_StandInTriton]:
+    stand_ins = []
+    for server in remote._servers:
+        server.client.close()
+        server.client = _StandInTriton(remote)
+        stand_ins.append(server.client)
+    return stand_ins
+
+
+def test_a_registration_whose_deadline_passed_is_unregistered_before_the_next() -> None:
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    with EdgeClassifier.remote(["127.0.0.1:1", "127.0.0.1:2"], shared_memory=True) as remote:
+        stand_in, _ = _with_stand_ins(remote)
+        server = remote._servers[0]
+        region = remote._take_region(4096, torch.device("cpu"))
+        stand_in.register_after_deadline = True
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            remote._register(server, region)
+        assert region.name in stand_in.regions  # the server took it all the same
+        server.generation += 1  # as the failed attempt takes the server out
+        # The next registration there unregisters first: no ALREADY_EXISTS, which the binding
+        # would read as the server refusing shared memory.
+        assert remote._register(server, region)
+        assert stand_in.calls == [
+            ("register", region.name),
+            ("unregister", region.name),
+            ("register", region.name),
+        ]
+        assert server.shared_memory and region.registered == {0: server.generation}
+        remote._pool.give_back(region)
+    assert stand_in.regions == set()  # close() unregistered it
+
+
+def test_a_request_cut_short_in_the_client_retires_its_region() -> None:
+    pytest.importorskip("tritonclient.grpc")
+
+    class ClientFault(Exception):
+        pass
+
+    nodes, edges = _event(10, 20, 5)
+    out = EdgeScores.allocate(20, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    with EdgeClassifier.remote(["127.0.0.1:1", "127.0.0.1:2"], shared_memory=True) as remote:
+        stand_ins = _with_stand_ins(remote)
+        for stand_in in stand_ins:
+            stand_in.infer_fault = ClientFault("interrupted while waiting for the answer")
+        with pytest.raises(ClientFault):
+            remote(nodes, edges, out=out)
+        # The request left with the region: the server may still answer into it, so no later
+        # call gets it. It is unregistered and freed.
+        (used,) = [s for s in stand_ins if ("infer", "") in s.calls]
+        (name,) = [name for kind, name in used.calls if kind == "register"]
+        assert used.calls[-1] == ("unregister", name) and used.regions == set()
+        assert remote._pool.all == []
+        assert not list(Path("/dev/shm").glob(f"{name}*"))
+        counters = remote.servers
+        assert sum(c.errors for c in counters.values()) == 1
+        assert all(c.healthy and c.outstanding == 0 for c in counters.values())
+    assert bytes(out.buffer.numpy()) == before
+
+
 def test_remote_takes_several_urls_each_once() -> None:
     for urls, pattern in (
         ([], "non-empty list"),
@@ -397,6 +578,68 @@ def test_an_error_of_the_event_is_not_sent_elsewhere(
             c.healthy and c.failed == 0 and c.retried_elsewhere == 0 for c in counters.values()
         )
         assert sum(c.sent for c in counters.values()) == 1
+    assert bytes(out.buffer.numpy()) == before
+
+
+@needs_triton
+def test_a_server_that_refuses_the_binding_is_taken_out_and_calls_go_to_the_others(
+    fleet: Fleet, local: EdgeClassifier
+) -> None:
+    fleet.running()
+    urls, tokens = fleet.urls, fleet.tokens()
+    refusing = urls[0]  # the first in turn: the first call meets it
+    # Shared memory required, and a wrong token for one server: that server refuses every
+    # registration this binding makes. It answers readiness probes, so a short interval would
+    # bring it back for a call to meet again; 60 s keeps it out for the test.
+    wrong = {**tokens, refusing: "not-the-token"}
+    events = [_event(15 + k % 4, 30 + k, 3000 + k) for k in range(9)]
+    outs = [EdgeScores.allocate(edges.size, zero=True) for _, edges in events]
+    with EdgeClassifier.remote(
+        urls, access_token=wrong, shared_memory=True, probe_interval=60
+    ) as remote:
+        for event, out in zip(events, outs, strict=True):
+            remote(*event, out=out)
+        counters = remote.servers
+        out_of_rotation = counters[refusing]
+        assert not out_of_rotation.healthy and out_of_rotation.taken_out == 1
+        assert (out_of_rotation.sent, out_of_rotation.errors, out_of_rotation.succeeded) == (
+            1,
+            1,
+            0,
+        )
+        assert out_of_rotation.retried_elsewhere == 1
+        assert "refused shared memory" in out_of_rotation.last_error
+        assert [counters[url].succeeded for url in urls[1:]] == [5, 4]
+        assert remote.stats.writes == len(events) and remote.stats.fallbacks == 0
+    for (nodes, edges), out in zip(events, outs, strict=True):
+        assert torch.equal(out.score, _expected(local, nodes, edges))
+    # When every server refuses, the call raises naming each, and writes nothing; so it does
+    # for a model no server serves. The fallback is for servers that do not answer, not for a
+    # binding the servers cannot serve.
+    nodes, edges = events[0]
+    out = EdgeScores.allocate(edges.size, zero=True)
+    out.score.fill_(-1.0)
+    before = bytes(out.buffer.numpy())
+    for options, reason in (
+        (
+            {"access_token": dict.fromkeys(urls, "not-the-token"), "shared_memory": True},
+            "refused shared memory",
+        ),
+        ({"model_name": "NoSuchModel"}, "does not serve 'NoSuchModel'"),
+    ):
+        with EdgeClassifier.remote(urls, fallback=local, **options) as remote:  # type: ignore[arg-type]
+            with pytest.raises(RemoteConfigurationError) as caught:
+                remote(nodes, edges, out=out)
+            message = str(caught.value)
+            assert message.startswith(
+                "EdgeClassifier: none of its 3 Triton servers can serve its calls: the server at "
+            ), message
+            assert message.endswith("; nothing was written")
+            for url in urls:
+                assert f"the server at {url} " in message
+            assert message.count(reason) == 3
+            assert remote.stats.fallbacks == 0
+            assert not any(c.healthy for c in remote.servers.values())
     assert bytes(out.buffer.numpy()) == before
 
 
