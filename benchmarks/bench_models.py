@@ -6,7 +6,8 @@ Paths, each checked against the reference output (`torch.testing.assert_close`) 
   with `--write-outputs`, whose package stores into the output blocks; `contiguous edge`: the
   binding hands the GNN's edge features over as one contiguous copy per call, `contiguous=`; on
   CUDA only, `eager graphs`, `torchscript graphs` and `aot graphs`: the same bindings made with
-  `graphs=True`, each call after the first a replay of the CUDA graph captured there). GNN
+  `graphs=True`, each call after the second a replay of the CUDA graph captured at the first and
+  checked again at the second). GNN
   bindings check the edge indices' range (`index_bounds`), as the example does and AOT packages
   do;
 - `ideal`: the model alone (eager) on pre-made contiguous tensors: no gather, no write-back;
@@ -1130,6 +1131,9 @@ class StandInGraph:
 
     def stream(self, device: torch.device) -> int:
         return 0
+
+    def capturing(self, device: torch.device) -> bool:
+        return False
 
     def warm_up(self, device: torch.device, stream: object, run: Callable[[], Any]) -> Any:
         return run()

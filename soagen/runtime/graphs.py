@@ -27,26 +27,33 @@ captured on that side stream, in thread-local capture mode (other threads' CUDA 
 invalidate it), replayed once on the caller's stream, and its outputs compared with the eager ones
 within the tolerances of `soagen.runtime.agreement` (exact for integers; rtol 1e-3 and atol 1e-4
 for float32). Not bitwise: models that sum with atomics (the example GNN's `scatter_reduce` on
-CUDA) differ in the last bits from run to run, while what a bad capture gives (values baked in at
-capture, memory read after it was reused) is wrong by far more. A disagreement raises
-`GraphMismatchError`, naming the output, puts the outputs back as they were and drops the graph; a
-capture that fails (a model that waits for the device: `.item()`, `if` on a tensor, shapes that
-depend on values) raises `GraphCaptureError`, outputs untouched, and the binding refuses its later
-captures alike.
+CUDA) differ in the last bits from run to run, while a graph that reads memory after it was reused
+is wrong by far more. That replay reads the values the capture ran on, so a graph that replays
+what its capture computed (work launched outside the captured stream, which ran once at capture
+and left its result in the pool) agrees there: the second call of the key, on the values the
+buffers hold then, runs eagerly once more and compares its replay the same way, and only then is
+the graph replayed without a check. A disagreement raises `GraphMismatchError`, naming the output,
+puts the outputs back as they were and drops the graph; a capture that fails (a model that waits
+for the device: `.item()`, `if` on a tensor, shapes that depend on values) raises
+`GraphCaptureError`, outputs untouched, and the binding refuses its later captures alike. Running
+out of device memory while capturing is raised as it is (`torch.OutOfMemoryError`), not held
+against the model: a later call captures again. A first call made while the caller's stream is
+itself being captured (inside `torch.cuda.graph`) raises `GraphCaptureError` for that call alone:
+captures do not nest.
 
 AOT packages run through AOTInductor's single-threaded entry point (`AotBackend.single_threaded`):
 the thread-aware one records a CUDA event at each run and queries it at the next, and an event
 recorded during a capture cannot be queried. The binding calls a package only under the lock.
 
-Later calls of a key: the key, the model's training flag (a module back in training mode goes to
+From the third call of a key: the key, the model's training flag (a module back in training mode goes to
 the eager run, which refuses it as a plain call does, instead of being replayed in eval mode), and
 `graph.replay()`. From the second call with the same collection objects, the binding's call plan
 (`planned_call`) holds their part of the key and skips the binding's checks of them: what is left
 per call is their buffers' addresses (a wrapped tensor's storage can move), the caller's stream,
 the lookup, the flag and the replay.
 
-Memory: each binding keeps at most `graph_cache_size` graphs (8 by default), the least recently
-used dropped first; a dropped graph is destroyed once no call is replaying it. All graphs captured
+Memory: each binding keeps at most `graph_cache_size` graphs (8 by default): those not yet
+checked at a second call dropped first, then the least recently used; a dropped graph is destroyed once no call is replaying it. All graphs captured
 for one stream of one GPU (every binding's) share one memory pool: their intermediates reuse the
 same memory, which is safe because calls on one stream run one after another. Pool memory a dropped
 graph held is reused by later captures for that stream (`close()` drops a binding's graphs); the
@@ -60,6 +67,12 @@ parameters are replaced rather than updated in place (`module.weight = ...`, whe
 a change. Random numbers, and host values or Python state that differ from call to call, make the
 first replay disagree with the eager run (`GraphMismatchError`); a change that comes only after
 that check is not seen.
+
+The side stream comes from torch's pool of streams, as `torch.cuda.graph`'s own capture stream does;
+the pool hands each of its 32 streams per GPU and priority out again in turn, so another thread
+that launches work on a pool stream sharing the side stream's CUDA stream while a capture runs
+would have that work recorded into it. Make the first calls of a graphed binding before other
+threads use many pool streams.
 
 Refused: backends whose work does not run on the caller's torch stream (ONNX Runtime; remote
 bindings), at construction; `batch_size=` at the call (its slices are staged in collections made per
@@ -133,6 +146,10 @@ class Capturer(typing.Protocol):
         """The caller's current stream on `device`, as part of a key."""
         ...
 
+    def capturing(self, device: torch.device) -> bool:
+        """Whether the caller's current stream on `device` is being captured now."""
+        ...
+
     def warm_up(self, device: torch.device, stream: Hashable, run: Callable[[], _T]) -> _T:
         """Run `run` eagerly where captures for `stream` are made; the caller's stream waits
         for it."""
@@ -187,7 +204,10 @@ class CallGraphs:
         self._capturer = capturer
         self.device_type = capturer.device_type
         self.cache_size = cache_size
+        # The graphs replayed without a check, least recently used first (what `planned_call`
+        # looks up), and those checked at their capture only, oldest first (see `_confirm`).
         self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        self._unconfirmed: OrderedDict[Hashable, _Graph] = OrderedDict()
         # The capture that failed: a model that cannot be captured is not warmed up and captured
         # again at every call (each failed capture also leaves torch a little state; `_abandon`).
         self._refusal: GraphCaptureError | None = None
@@ -201,11 +221,12 @@ class CallGraphs:
 
     def __len__(self) -> int:
         """Graphs kept now."""
-        return len(self._graphs)
+        return len(self._graphs) + len(self._unconfirmed)
 
     def clear(self) -> None:
         """Drop every graph; each is destroyed once no call is replaying it."""
         self._graphs.clear()
+        self._unconfirmed.clear()
 
     def call(
         self,
@@ -256,10 +277,24 @@ class CallGraphs:
                 pass
             graph.replay()
             return
+        if self._capturer.capturing(device):
+            raise GraphCaptureError(
+                f"{type(self._binding).NAME}: called while the caller's CUDA stream on {device} is "
+                f"being captured (inside torch.cuda.graph, or another graph's capture); this call "
+                f"needs a capture or check of its own first, and captures do not nest. Make the "
+                f"first two calls on these collections outside the capture, or create the binding "
+                f"with graphs=False"
+            )
         with _capture_lock:
             graph = self._graphs.get(key)  # another thread may have captured it meanwhile
-            if graph is not None and (self._module is None or not self._module.training):
+            usable = self._module is None or not self._module.training
+            if graph is not None and usable:
                 graph.replay()
+                return
+            unconfirmed = self._unconfirmed.get(key) if usable else None
+            if unconfirmed is not None:
+                del self._unconfirmed[key]  # kept again only if it agrees
+                self._confirm(key, unconfirmed, inputs, outputs, device)
                 return
             if self._refusal is not None:
                 raise GraphCaptureError(str(self._refusal))
@@ -338,32 +373,25 @@ class CallGraphs:
         outputs: Mapping[str, Collection],
         device: torch.device,
     ) -> None:
-        """Warm up, capture, replay once and compare; keep the graph if it agrees."""
+        """Warm up, capture, replay once and compare; keep the graph, to be checked once more at
+        the key's next call (`_confirm`), if it agrees."""
+        import torch
+
         binding, capturer = self._binding, self._capturer
         cls = type(binding)
-        stream = key[0]
-        output_blocks = binding._output_blocks
-        targets = [outputs[name].block(block) for name, block in output_blocks]
-
-        def run_eagerly() -> list[torch.Tensor]:
-            # Scratch outputs of the same geometry, made on the stream these runs use: the
-            # caller's outputs are written by a checked graph or not at all.
-            scratch = _scratch_outputs(outputs, device)
-            expected = [scratch[name].block(block) for name, block in output_blocks]
-            for _ in range(WARM_UP_CALLS):
-                binding._execute(inputs, outputs, device, expected)
-            return expected
-
-        expected = capturer.warm_up(device, stream, run_eagerly)
+        targets = [outputs[name].block(block) for name, block in binding._output_blocks]
+        expected = self._run_eagerly(key, inputs, outputs, device, WARM_UP_CALLS)
         # Held with the graph: the module's copy on this device, a loaded package (the weights
         # its replays read), whatever `close()` or the backend would otherwise drop.
         runner = binding._backend.on(device)
         try:
             graph = capturer.capture(
-                device, stream, lambda: binding._execute(inputs, outputs, device, targets)
+                device, key[0], lambda: binding._execute(inputs, outputs, device, targets)
             )
         except SoaRuntimeError:
             raise
+        except torch.OutOfMemoryError:
+            raise  # memory may be free at a later call: the model is not refused for it
         # torch's CUDA errors; the model's own errors pass as they are
         except RuntimeError as error:
             lines = str(error).strip().splitlines()
@@ -375,23 +403,81 @@ class CallGraphs:
                 f"boolean-mask indexing) cannot be; nothing was written, and this binding's later "
                 f"calls that need a capture are refused alike. Create the binding with graphs=False"
             ) from error
+        kept = _Graph(graph, runner)
+        self._replay_checked(kept, inputs, targets, expected, "captured for this call")
+        self._unconfirmed[key] = kept
+        self._bound()
+
+    def _confirm(
+        self,
+        key: tuple[Hashable, ...],
+        graph: _Graph,
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+    ) -> None:
+        """The key's second call: its replay compared with an eager run of this call, on the
+        values the buffers hold now (see the module documentation); kept if it agrees."""
+        targets = [outputs[name].block(block) for name, block in self._binding._output_blocks]
+        expected = self._run_eagerly(key, inputs, outputs, device, 1)
+        self._replay_checked(graph, inputs, targets, expected, "replayed at this later call")
+        self._graphs[key] = graph
+        self._bound()
+
+    def _run_eagerly(
+        self,
+        key: tuple[Hashable, ...],
+        inputs: Mapping[str, Collection],
+        outputs: Mapping[str, Collection],
+        device: torch.device,
+        runs: int,
+    ) -> list[torch.Tensor]:
+        """The call run eagerly `runs` times where its captures are made, into scratch outputs of
+        the same geometry (the caller's outputs are written by a checked graph or not at all):
+        the last run's output blocks."""
+        binding = self._binding
+
+        def run() -> list[torch.Tensor]:
+            scratch = _scratch_outputs(outputs, device)  # made on the stream the runs use
+            expected = [scratch[name].block(block) for name, block in binding._output_blocks]
+            for _ in range(runs):
+                binding._execute(inputs, outputs, device, expected)
+            return expected
+
+        return self._capturer.warm_up(device, key[0], run)
+
+    def _replay_checked(
+        self,
+        graph: _Graph,
+        inputs: Mapping[str, Collection],
+        targets: list[torch.Tensor],
+        expected: list[torch.Tensor],
+        when: str,
+    ) -> None:
+        """Replay `graph` into the output blocks `targets` and compare them with `expected`: on a
+        disagreement the blocks are put back and `GraphMismatchError` raised."""
         held = [target.clone() for target in targets]
         graph.replay()
         found = first_disagreement(self._output_names, targets, expected)
-        if found is not None:
-            for target, before in zip(targets, held, strict=True):
-                target.copy_(before)
-            sizes = ", ".join(f"{name} n={inputs[name].size}" for name in self._input_names)
-            raise GraphMismatchError(
-                f"{cls.NAME}: the CUDA graph captured for this call ({sizes}) disagrees with the "
-                f"eager run of the same call on output {found.output!r}: {found.detail}. The graph "
-                f"was dropped and the outputs left as they were. A replay repeats what the call "
-                f"did when it was captured: a model whose work depends on host values, Python "
-                f"state or random numbers differs. Create the binding with graphs=False"
-            )
-        self._graphs[key] = _Graph(graph, runner)
-        while len(self._graphs) > self.cache_size:
-            self._graphs.popitem(last=False)
+        if found is None:
+            return
+        for target, before in zip(targets, held, strict=True):
+            target.copy_(before)
+        sizes = ", ".join(f"{name} n={inputs[name].size}" for name in self._input_names)
+        raise GraphMismatchError(
+            f"{type(self._binding).NAME}: the CUDA graph {when} ({sizes}) disagrees with the "
+            f"eager run of the same call on output {found.output!r}: {found.detail}. The graph "
+            f"was dropped and the outputs left as they were. A replay repeats what the call did "
+            f"when it was captured: a model whose work depends on host values, Python state or "
+            f"random numbers, or runs outside the captured stream, differs. Create the binding "
+            f"with graphs=False"
+        )
+
+    def _bound(self) -> None:
+        """At most `cache_size` graphs: those not yet confirmed go first, oldest first, then the
+        least recently used."""
+        while len(self._graphs) + len(self._unconfirmed) > self.cache_size:
+            (self._unconfirmed or self._graphs).popitem(last=False)
 
 
 class _Graph:
@@ -463,6 +549,12 @@ class CudaCapturer:
             index = torch.cuda.current_device()
         return index, raw_stream(index)
 
+    def capturing(self, device: torch.device) -> bool:
+        import torch
+
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+
     def _side(self, stream: Hashable) -> tuple[torch.cuda.Stream, typing.Any]:
         found = self._sides.get(stream)
         if found is not None:
@@ -497,7 +589,8 @@ class CudaCapturer:
             pool = torch.cuda.graph_pool_handle()
             scratch = torch.zeros(1, device=torch.device("cuda", index))
             anchor = torch.cuda.CUDAGraph()
-            anchor.capture_begin(pool=pool)
+            # Thread-local, as every capture here: other threads' CUDA calls go on meanwhile.
+            anchor.capture_begin(pool=pool, capture_error_mode="thread_local")
             scratch.add_(1)
             anchor.capture_end()
         self._anchors[stream] = (anchor, scratch)

@@ -13,6 +13,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -72,11 +73,15 @@ class RerunCapturer:
 
     def __init__(self) -> None:
         self.current_stream: Hashable = 0
+        self.capturing_now = False  # whether the caller's stream is being captured
         self.warm_ups = self.captures = self.replays = 0
         self.graphs: list[weakref.ref[Rerun]] = []
 
     def stream(self, device: Any) -> Hashable:
         return self.current_stream
+
+    def capturing(self, device: Any) -> bool:
+        return self.capturing_now
 
     def warm_up(self, device: Any, stream: Hashable, run: Callable[[], _T]) -> _T:
         self.warm_ups += 1
@@ -231,14 +236,15 @@ def test_later_calls_on_the_same_memory_replay_the_graph(gnn: ModuleType, net: n
     # Warmed up (eager runs), captured, replayed once to be compared.
     assert (capturer.warm_ups, capturer.captures, capturer.replays) == (1, 1, 1)
     assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
-    for seed in (2, 3):
-        # New values in the same buffers: the same key.
+    # New values in the same buffers: the same key. Its second call runs eagerly once more and
+    # compares its replay with that (`_confirm`); later ones only replay.
+    for seed, counts in ((2, (2, 1, 2)), (3, (2, 1, 3)), (4, (2, 1, 4))):
         fresh_nodes, fresh_edges = event(gnn, 30, 100, seed=seed)
         nodes.buffer.copy_(fresh_nodes.buffer)
         edges.buffer.copy_(fresh_edges.buffer)
         model(nodes, edges, out=scores)
         assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
-    assert (capturer.warm_ups, capturer.captures, capturer.replays) == (1, 1, 3)
+        assert (capturer.warm_ups, capturer.captures, capturer.replays) == counts
     assert len(model._graphs) == 1
 
 
@@ -408,6 +414,105 @@ def test_a_replay_that_disagrees_is_refused_and_the_outputs_kept(
     assert len(model._graphs) == 1
 
 
+class ReplaysWhatItsCaptureComputed(RerunCapturer):
+    """Its graphs replay the output values of the call's run at capture, as a CUDA graph does
+    whose work ran outside the captured stream (once, at capture, its result left in the pool)."""
+
+    def __init__(self, output: Callable[[], Any]) -> None:
+        super().__init__()
+        self.output = output
+
+    def capture(self, device: Any, stream: Hashable, run: Callable[[], object]) -> Rerun:
+        self.captures += 1
+        run()
+        computed = self.output().clone()
+        graph = Rerun(lambda: self.output().copy_(computed), self)
+        self.graphs.append(weakref.ref(graph))
+        return graph
+
+
+def test_a_graph_replaying_what_its_capture_computed_is_caught_at_the_keys_second_call(
+    gnn: ModuleType, net: nn.Module, graph_calls: str
+) -> None:
+    nodes, edges = event(gnn, 30, 100, seed=1)
+    scores = gnn.EdgeScores.allocate(100)
+    capturer = ReplaysWhatItsCaptureComputed(lambda: scores.score)
+    model = graphed(gnn.EdgeClassifier, net, capturer)
+    model(nodes, edges, out=scores)  # its replay of the same values agrees
+    assert len(model._graphs) == 1
+    refill = event(gnn, 30, 100, seed=2)
+    for collection, fresh in zip((nodes, edges), refill, strict=True):
+        collection.buffer.copy_(fresh.buffer)
+    scores.score.fill_(-7.0)
+    with pytest.raises(
+        GraphMismatchError,
+        match=r"^EdgeClassifier: the CUDA graph replayed at this later call \(node_features "
+        r"n=30, edge_index n=100, edge_features n=100\) disagrees with the eager run of the same "
+        r"call on output 'edge_scores': .*runs outside the captured stream.*graphs=False$",
+    ):
+        model(nodes, edges, out=scores)
+    assert torch.equal(scores.score, torch.full((100,), -7.0))
+    assert len(model._graphs) == 0 and not any(capturer.alive())
+    # A graph that replays the call proper passes the same check and is then replayed unchecked.
+    honest = RerunCapturer()
+    model = graphed(gnn.EdgeClassifier, net, honest)
+    for seed in (3, 4, 5):
+        for collection, fresh in zip((nodes, edges), event(gnn, 30, 100, seed), strict=True):
+            collection.buffer.copy_(fresh.buffer)
+        model(nodes, edges, out=scores)
+        assert torch.equal(scores.score, eager_scores(gnn, net, nodes, edges))
+    assert (honest.warm_ups, honest.captures, honest.replays) == (2, 1, 3)
+
+
+def test_running_out_of_memory_while_capturing_is_raised_as_it_is_and_not_held_against_the_model(
+    mlp: ModuleType,
+) -> None:
+    class OutOfMemoryOnce(RerunCapturer):
+        def capture(self, device: Any, stream: Hashable, run: Callable[[], object]) -> Rerun:
+            if not self.captures:
+                self.captures += 1
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+            return super().capture(device, stream, run)
+
+    linear = nn.Linear(4, 2)
+    capturer = OutOfMemoryOnce()
+    model = graphed(mlp.HitMlp, linear, capturer)
+    points, scores = hits(mlp, 50, seed=1), mlp.HitScores.allocate(50)
+    scores.block("scores").fill_(-7.0)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        model(points, out=scores)
+    assert torch.equal(scores.block("scores"), torch.full((50, 2), -7.0))
+    # Not a refusal: the next call captures.
+    model(points, out=scores)
+    assert capturer.captures == 2 and len(model._graphs) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(scores.block("scores"), linear(points.block("features")))
+
+
+def test_a_call_needing_a_capture_inside_another_capture_is_refused_that_once(
+    mlp: ModuleType,
+) -> None:
+    linear = nn.Linear(4, 2)
+    capturer = RerunCapturer()
+    model = graphed(mlp.HitMlp, linear, capturer)
+    points, scores = hits(mlp, 50, seed=1), mlp.HitScores.allocate(50)
+    scores.block("scores").fill_(-7.0)
+    capturer.capturing_now = True  # inside the caller's own torch.cuda.graph, say
+    for _ in range(2):
+        with pytest.raises(
+            GraphCaptureError,
+            match=r"^HitMlp: called while the caller's CUDA stream .* is being "
+            r"captured .*captures do not nest.*graphs=False$",
+        ):
+            model(points, out=scores)
+    assert torch.equal(scores.block("scores"), torch.full((50, 2), -7.0))
+    assert capturer.warm_ups == capturer.captures == 0
+    capturer.capturing_now = False  # outside it, the binding captures as ever
+    for _ in range(2):
+        model(points, out=scores)
+    assert (capturer.warm_ups, capturer.captures, capturer.replays) == (2, 1, 2)
+
+
 def test_a_model_writing_its_inputs_is_caught_before_anything_is_captured(
     mlp: ModuleType,
 ) -> None:
@@ -486,12 +591,13 @@ def test_index_values_are_checked_inside_every_replay(
     model = graphed(gnn.EdgeClassifier, net, capturer)
     nodes, edges = event(gnn, 30, 100, seed=1)
     scores = gnn.EdgeScores.allocate(100)
-    model(nodes, edges, out=scores)
+    for _ in range(2):  # captured, then checked again at the second call
+        model(nodes, edges, out=scores)
     scores.score.fill_(-7.0)
     edges.src[7] = 30  # the same buffers, so the same graph
     with pytest.raises(IndexRangeError, match=r"'edge_index' holds indices outside \[0, 30\)"):
         model(nodes, edges, out=scores)
-    assert (capturer.captures, capturer.replays) == (1, 2)
+    assert (capturer.warm_ups, capturer.captures, capturer.replays) == (2, 1, 3)
     assert torch.equal(scores.score, torch.full((100,), -7.0))
 
 
@@ -662,7 +768,8 @@ BAD_INDEX_ON_REPLAY = textwrap.dedent(
     edges.block("edge_index").copy_(torch.randint(0, 30, (2, 100)))
     scores = EdgeScores.allocate(100, device="cuda")
     model = EdgeClassifier(build_model().cuda(), graphs=True)
-    model(nodes, edges, out=scores)
+    for _ in range(2):  # captured, then checked again at its second call
+        model(nodes, edges, out=scores)
     torch.cuda.synchronize()
     print("captured", len(model._graphs), flush=True)
     edges.src[7] = int(sys.argv[2])
@@ -704,7 +811,8 @@ def test_cuda_a_replayed_call_is_one_graph_launch_with_no_host_device_copy(
     model = gnn.EdgeClassifier(build_model().cuda(), graphs=True)
     nodes, edges = event(gnn, 2_000, 20_000, seed=4, device="cuda")
     scores = gnn.EdgeScores.allocate(edges.size, device="cuda")
-    model(nodes, edges, out=scores)  # captured
+    for _ in range(2):  # captured, then checked again at its second call
+        model(nodes, edges, out=scores)
     stream = torch.cuda.current_stream()
     assert_no_host_device_copies(lambda: model(nodes, edges, out=scores), stream)
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
@@ -778,7 +886,7 @@ def test_cuda_dropped_graphs_are_destroyed_and_streams_are_keys(gnn: ModuleType)
     nodes, edges = event(gnn, 300, 1_000, seed=2, device="cuda")
     first, second = (gnn.EdgeScores.allocate(1_000, device="cuda") for _ in range(2))
     model(nodes, edges, out=first)
-    (kept,) = model._graphs._graphs.values()
+    (kept,) = model._graphs._unconfirmed.values()
     graph = weakref.ref(kept._held[0])
     del kept
     model(nodes, edges, out=second)
@@ -819,6 +927,70 @@ def test_cuda_the_capturer_keeps_the_pools_of_the_latest_streams(mlp: ModuleType
         torch.cuda.current_stream().wait_stream(stream)
         torch.testing.assert_close(scores.block("scores"), expected)
     assert len(cuda_capturer()._sides) <= STREAMS_KEPT
+
+
+@cuda
+def test_cuda_a_first_call_inside_the_callers_own_capture_is_refused(mlp: ModuleType) -> None:
+    linear = nn.Linear(4, 2).cuda()
+    model = mlp.HitMlp(linear, graphs=True)
+    points = hits(mlp, 100, seed=1, device="cuda")
+    scores = mlp.HitScores.allocate(100, device="cuda")
+    outer = torch.cuda.CUDAGraph()
+    with pytest.raises(GraphCaptureError, match="is being captured"):
+        with torch.cuda.graph(outer):
+            model(points, out=scores)
+    for _ in range(3):  # outside it: captured, checked, replayed
+        model(points, out=scores)
+    assert len(model._graphs) == 1
+    with torch.no_grad():
+        expected = linear(points.block("features"))
+    torch.testing.assert_close(scores.block("scores"), expected)
+
+
+@cuda
+def test_cuda_every_capture_lets_other_threads_wait_for_the_device(
+    mlp: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each new stream's pool is anchored by a capture of its own (`_anchored_pool`): like the
+    # calls' captures, it must not make another thread's host wait fail. The waits below race
+    # with the captures; the modes recorded say it of every capture, race or not.
+    modes: list[str] = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def recording(self: Any, pool: Any = None, capture_error_mode: str = "global") -> None:
+        modes.append(capture_error_mode)
+        begin(self, pool=pool, capture_error_mode=capture_error_mode)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", recording)
+    linear = nn.Linear(4, 2).cuda()
+    model = mlp.HitMlp(linear, graphs=True)
+    points = hits(mlp, 100, seed=1, device="cuda")
+    stop, errors = threading.Event(), []
+
+    def waits() -> None:
+        counter = torch.zeros(1, device="cuda")
+        try:
+            while not stop.is_set():
+                counter.add_(1).item()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    waiter = threading.Thread(target=waits)
+    waiter.start()
+    current = torch.cuda.current_stream()
+    try:
+        for _ in range(12):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(current)
+            scores = mlp.HitScores.allocate(100, device="cuda")
+            for _ in range(2):
+                model(points, out=scores, stream=stream)
+            current.wait_stream(stream)
+    finally:
+        stop.set()
+        waiter.join(30)
+    assert not errors, errors
+    assert modes and set(modes) == {"thread_local"}, modes
 
 
 @cuda
