@@ -37,7 +37,8 @@ puts the outputs back as they were and drops the graph; a capture that fails (a 
 for the device: `.item()`, `if` on a tensor, shapes that depend on values) raises
 `GraphCaptureError`, outputs untouched, and the binding refuses its later captures alike. Running
 out of device memory while capturing is raised as it is (`torch.OutOfMemoryError`), not held
-against the model: a later call captures again. A first call made while the caller's stream is
+against the model: a later call captures again (after `OUT_OF_MEMORY_REFUSAL` in a row, the
+binding refuses too). A first call made while the caller's stream is
 itself being captured (inside `torch.cuda.graph`) raises `GraphCaptureError` for that call alone:
 captures do not nest.
 
@@ -53,7 +54,9 @@ per call is their buffers' addresses (a wrapped tensor's storage can move), the 
 the lookup, the flag and the replay.
 
 Memory: each binding keeps at most `graph_cache_size` graphs (8 by default): those not yet
-checked at a second call dropped first, then the least recently used; a dropped graph is destroyed once no call is replaying it. All graphs captured
+checked at a second call dropped first (but the one just captured), then the least recently used,
+so that a run of keys called once (each event's new buffers) takes one graph's place, not all of
+them; a dropped graph is destroyed once no call is replaying it. All graphs captured
 for one stream of one GPU (every binding's) share one memory pool: their intermediates reuse the
 same memory, which is safe because calls on one stream run one after another. Pool memory a dropped
 graph held is reused by later captures for that stream (`close()` drops a binding's graphs); the
@@ -126,6 +129,8 @@ _NOT_CAPTURABLE = {
 STREAMS_KEPT = 16
 # Eager runs of a call before it is captured (see the module documentation).
 WARM_UP_CALLS = 3
+# Captures in a row that run out of device memory before a binding refuses to capture.
+OUT_OF_MEMORY_REFUSAL = 3
 # One capture at a time in the process: torch's allocator and the shared pools expect it.
 _capture_lock = threading.RLock()
 
@@ -211,6 +216,9 @@ class CallGraphs:
         # The capture that failed: a model that cannot be captured is not warmed up and captured
         # again at every call (each failed capture also leaves torch a little state; `_abandon`).
         self._refusal: GraphCaptureError | None = None
+        # Captures in a row that ran out of device memory: a few are let through (memory may be
+        # free at a later call), more are a refusal, as each may leave a pool behind (`_abandon`).
+        self._out_of_memory = 0
         cls = type(binding)
         self._input_names = tuple(spec.name for spec in cls.INPUTS)
         self._output_names = tuple(spec.name for spec in cls.OUTPUTS)
@@ -390,8 +398,17 @@ class CallGraphs:
             )
         except SoaRuntimeError:
             raise
-        except torch.OutOfMemoryError:
-            raise  # memory may be free at a later call: the model is not refused for it
+        except torch.OutOfMemoryError as error:
+            self._out_of_memory += 1
+            if self._out_of_memory < OUT_OF_MEMORY_REFUSAL:
+                raise
+            lines = str(error).strip().splitlines()
+            raise GraphCaptureError(
+                f"{cls.NAME}: {binding._backend.description} on {device} ran out of device memory "
+                f"in {self._out_of_memory} captures in a row: {lines[0] if lines else ''}; "
+                f"nothing was written, and this binding's later calls that need a capture are "
+                f"refused alike. Free device memory, or create the binding with graphs=False"
+            ) from error
         # torch's CUDA errors; the model's own errors pass as they are
         except RuntimeError as error:
             lines = str(error).strip().splitlines()
@@ -403,10 +420,11 @@ class CallGraphs:
                 f"boolean-mask indexing) cannot be; nothing was written, and this binding's later "
                 f"calls that need a capture are refused alike. Create the binding with graphs=False"
             ) from error
+        self._out_of_memory = 0
         kept = _Graph(graph, runner)
         self._replay_checked(kept, inputs, targets, expected, "captured for this call")
         self._unconfirmed[key] = kept
-        self._bound()
+        self._bound(key)
 
     def _confirm(
         self,
@@ -422,7 +440,7 @@ class CallGraphs:
         expected = self._run_eagerly(key, inputs, outputs, device, 1)
         self._replay_checked(graph, inputs, targets, expected, "replayed at this later call")
         self._graphs[key] = graph
-        self._bound()
+        self._bound(key)
 
     def _run_eagerly(
         self,
@@ -473,11 +491,16 @@ class CallGraphs:
             f"with graphs=False"
         )
 
-    def _bound(self) -> None:
-        """At most `cache_size` graphs: those not yet confirmed go first, oldest first, then the
-        least recently used."""
+    def _bound(self, kept: Hashable) -> None:
+        """At most `cache_size` graphs, `kept` (just captured or confirmed) among them: those not
+        yet confirmed go first, oldest first (keys called once, as each event's new buffers make,
+        take each other's place), then the least recently used."""
         while len(self._graphs) + len(self._unconfirmed) > self.cache_size:
-            (self._unconfirmed or self._graphs).popitem(last=False)
+            unconfirmed = next((key for key in self._unconfirmed if key != kept), None)
+            if unconfirmed is not None:
+                del self._unconfirmed[unconfirmed]
+            else:
+                self._graphs.popitem(last=False)
 
 
 class _Graph:
@@ -530,7 +553,8 @@ class CudaCapturer:
         self._sides: OrderedDict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = OrderedDict()
         # Each pool's anchor (see `_anchored_pool`), by stream.
         self._anchors: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Captures that failed to end (see `_abandon`); each binding adds at most one.
+        # Captures that failed to end (see `_abandon`); each binding adds at most a few (one
+        # refused capture, or `OUT_OF_MEMORY_REFUSAL` of them).
         self._abandoned: list[torch.cuda.CUDAGraph] = []
         # The raw handle of a GPU's current stream: what Inductor's generated code asks torch
         # for, without a Stream object per call (looked up at the first call: CUDA builds only).

@@ -39,6 +39,7 @@ from soagen.runtime.errors import (  # noqa: E402
     ModelLoadError,
 )
 from soagen.runtime.graphs import (  # noqa: E402
+    OUT_OF_MEMORY_REFUSAL,
     STREAMS_KEPT,
     WARM_UP_CALLS,
     CallGraphs,
@@ -391,6 +392,35 @@ def test_the_least_recently_used_graph_is_dropped_and_freed(
     assert capturer.captures == 5
 
 
+def test_a_new_key_is_kept_when_every_graph_kept_is_checked(
+    gnn: ModuleType, net: nn.Module, graph_calls: str
+) -> None:
+    # Full of graphs checked at their second call: the new key's graph is kept, to be checked at
+    # its own second call, and the least recently used checked one goes.
+    capturer = RerunCapturer()
+    model = graphed(gnn.EdgeClassifier, net, capturer, cache_size=2)
+    nodes, edges = event(gnn, 30, 100, seed=1)
+    a, b, c = (gnn.EdgeScores.allocate(100) for _ in range(3))
+    for out in (a, a, b, b):
+        model(nodes, edges, out=out)
+    assert capturer.captures == 2 and len(model._graphs._graphs) == 2
+    for _ in range(5):
+        model(nodes, edges, out=c)
+    assert (capturer.warm_ups, capturer.captures) == (6, 3)  # c: captured once, checked once
+    assert capturer.alive() == [False, True, True]  # a was the least recently used
+    # Keys called once (each event's new buffers): the first takes the place of the least
+    # recently used checked graph (b), the later ones each other's; c stays.
+    for _ in range(3):
+        model(nodes, edges, out=gnn.EdgeScores.allocate(100))
+    assert capturer.captures == 6 and capturer.alive()[1:] == [False, True, False, False, True]
+    model(nodes, edges, out=c)
+    assert capturer.captures == 6
+    model(nodes, edges, out=b)
+    assert capturer.captures == 7
+    for out in (b, c):
+        assert torch.equal(out.score, eager_scores(gnn, net, nodes, edges))
+
+
 def test_a_replay_that_disagrees_is_refused_and_the_outputs_kept(
     gnn: ModuleType, net: nn.Module
 ) -> None:
@@ -487,6 +517,28 @@ def test_running_out_of_memory_while_capturing_is_raised_as_it_is_and_not_held_a
     assert capturer.captures == 2 and len(model._graphs) == 1
     with torch.no_grad():
         torch.testing.assert_close(scores.block("scores"), linear(points.block("features")))
+
+
+def test_running_out_of_memory_at_every_capture_becomes_a_refusal(mlp: ModuleType) -> None:
+    class OutOfMemory(RerunCapturer):
+        def capture(self, device: Any, stream: Hashable, run: Callable[[], object]) -> Rerun:
+            self.captures += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    capturer = OutOfMemory()
+    model = graphed(mlp.HitMlp, nn.Linear(4, 2), capturer)
+    points, scores = hits(mlp, 50, seed=1), mlp.HitScores.allocate(50)
+    for _ in range(OUT_OF_MEMORY_REFUSAL - 1):
+        with pytest.raises(torch.OutOfMemoryError):
+            model(points, out=scores)
+    for _ in range(2):  # the last one captured, and refused since
+        with pytest.raises(
+            GraphCaptureError,
+            match=rf"^HitMlp: .* ran out of device memory in {OUT_OF_MEMORY_REFUSAL} captures in "
+            r"a row: CUDA out of memory.*graphs=False$",
+        ):
+            model(points, out=scores)
+    assert capturer.captures == OUT_OF_MEMORY_REFUSAL
 
 
 def test_a_call_needing_a_capture_inside_another_capture_is_refused_that_once(
