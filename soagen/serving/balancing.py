@@ -52,7 +52,7 @@ class ServerCounters:
     succeeded: int  # attempts answered with a response that fits the output blocks
     failed: int  # attempts that failed with a transient error (the first of them took it out)
     errors: int  # attempts it answered with an error or a response that does not fit, or refused
-    retried_elsewhere: int  # calls that moved on to another server after it failed
+    retried_elsewhere: int  # calls that moved on to another server after it failed or refused
     taken_out: int  # times it was taken out of rotation
     probes: int  # readiness probes made while it was out of rotation
     healthy: bool  # whether it is in rotation now
@@ -79,6 +79,8 @@ class Server:
     wait: float = 0.0  # the pause before its next probe
     probing: bool = False
     stale: list[typing.Any] = field(default_factory=list)  # regions to unregister once it is back
+    # Regions a request may still be using there (`Balancer.defer`), not to unregister yet.
+    deferred: list[typing.Any] = field(default_factory=list)
     last_error: str = ""
     sent: int = 0
     succeeded: int = 0
@@ -213,6 +215,19 @@ class Balancer:
             self.lock.notify_all()
             return True
 
+    def defer(self, server: Server, region: typing.Any, seconds: float) -> None:
+        """`region` is no longer used, but a request on it may still run on `server` (the call
+        was cut short in the client): unregistered there `seconds` later (the request's own time
+        limit), or once the server is back if it is out then; `close()`'s caller takes what is
+        left in `server.deferred`."""
+        with self.lock:
+            if self._closed:
+                return
+            server.deferred.append(region)
+        timer = threading.Timer(seconds, self._end_deferral, (server, region))
+        timer.daemon = True
+        timer.start()
+
     def counters(self) -> list[ServerCounters]:
         with self.lock:
             return [server.counters() for server in self.servers]
@@ -225,6 +240,20 @@ class Balancer:
             self.lock.notify_all()
         if prober is not None and prober is not threading.current_thread() and timeout:
             prober.join(timeout)
+
+    def _end_deferral(self, server: Server, region: typing.Any) -> None:
+        with self.lock:
+            if self._closed or region not in server.deferred:
+                return
+            server.deferred.remove(region)
+            if not server.healthy:
+                server.stale.append(region)  # the probing thread, which runs, unregisters it
+                self.lock.notify_all()
+                return
+        try:
+            self._unregister(server, region)
+        except Exception:
+            pass  # the server lost it, or is gone: nothing left to free
 
     # Health, and the probing thread.
 

@@ -33,7 +33,7 @@ PyTriton's server guards registration with its access token (`access_token=`, wh
 writes to `--token-file`; a mapping of URL to token where servers differ); when registration is
 refused, or the server cannot open the region (it runs in another container, say), a client that
 asked for shared memory by default (`None`) sends that server the blocks in the request instead, and
-one that asked for it (`True`) raises. A refused CUDA region is not an error: that call's blocks go
+one that asked for it (`True`) takes the server as refusing the binding (below). A refused CUDA region is not an error: that call's blocks go
 in the request, and later calls use host memory.
 
 Several servers. `remote([url, url, ...])` spreads calls over several servers
@@ -41,11 +41,16 @@ Several servers. `remote([url, url, ...])` spreads calls over several servers
 outstanding (ties in turn). A server that fails with a transient error is taken out of rotation,
 the call goes on to the next server at once, and a thread probes the server's readiness
 `probe_interval` seconds later (doubling the wait after each failed probe, up to 8 times that)
-until it is back; a server that answers any attempt is back too. `servers` counts, per URL, the
-attempts sent, succeeded, failed, answered with an error and moved elsewhere, the times it was taken
-out, whether it is in rotation and the attempts outstanding; `server_statistics()` adds Triton's
-own statistics of each. Each server reads the model's configuration at its first attempt, so
-servers may serve different forms of it (`soagen serve`, a `soagen triton` repository).
+until it is back; a server that answers any attempt is back too. A server that refuses the binding
+itself (it does not serve the model or not in a form the binding can send, or refuses the shared
+memory the binding requires) is taken out the same way and the call moves on; when every server
+refuses, `RemoteConfigurationError` names each (with one server, its own error as before).
+`servers` counts, per URL, the attempts sent, succeeded, failed, answered with an error (or
+refused) and moved elsewhere, the times it was taken out, whether it is in rotation and the
+attempts outstanding; `server_statistics()` adds Triton's own statistics of each. Each server's
+model configuration is read at its first attempt, and again after a transient failure (a restarted
+server may serve another form), so servers may serve different forms of it (`soagen serve`, a
+`soagen triton` repository).
 
 Failures. Each attempt waits at most `timeout` seconds. An unreachable server, a connection lost
 mid-request or a timeout is a transient failure: the call moves on to the other servers in
@@ -61,7 +66,8 @@ declared datatype and exactly the output block's shape), so a failed call leaves
 collections as they were, and each call writes its outputs once: from one server's one validated
 response, or from the local fallback. A request that got no answer may still run on its server
 later, and write its outputs into its shared-memory region: that region is retired (never handed
-to a call again; unregistered from that server once it is back) and the call takes a fresh one.
+to a call again; unregistered from that server once it is back, or, where the call was cut short in
+the client, `timeout` seconds later) and the call takes a fresh one.
 """
 
 from __future__ import annotations
@@ -302,7 +308,8 @@ class RemoteBinding(ModelBinding):
             self.fallback.close()
         for server in self._servers:
             with self._balancer.lock:
-                stale, server.stale = server.stale, []
+                stale, server.stale = [*server.stale, *server.deferred], []
+                server.deferred = []
             regions = [region for region in self._pool.all if server.slot in region.registered]
             for region in [*regions, *stale]:
                 try:
@@ -447,7 +454,7 @@ class RemoteBinding(ModelBinding):
         raised at once, from that server."""
         grpc_error = self._grpc_error()
         failures: dict[int, str] = {}  # what each server failed with in this call
-        refusals: set[int] = set()  # the servers that refused the binding in this call
+        refusals: dict[int, str] = {}  # the servers that refused the binding in this call, why
         attempts = 0
         start = time.monotonic()
         left: Server | None = None  # the server the call failed on last
@@ -456,8 +463,11 @@ class RemoteBinding(ModelBinding):
                 pause = _FIRST_PAUSE_S * 2 ** (round_number - 1)
                 time.sleep(min(_LONGEST_PAUSE_S, pause))
                 self.stats.add(retries=1)
-            tried: set[int] = set()
-            while (server := self._balancer.pick(tried, first=not tried)) is not None:
+            # A server that refused the binding would refuse again: no later round tries it.
+            tried = set(refusals)
+            while (
+                server := self._balancer.pick(tried, first=not tried - refusals.keys())
+            ) is not None:
                 tried.add(server.slot)
                 if left is not None and left is not server:
                     self._balancer.moved_on(left)
@@ -482,20 +492,20 @@ class RemoteBinding(ModelBinding):
                         self._balancer.abandoned(server)
                         raise
                     # This server cannot serve the binding; the others may.
-                    failures[server.slot] = str(error).removeprefix(f"{type(self).NAME}: ")
-                    refusals.add(server.slot)
-                    self._balancer.refused(server, failures[server.slot])
+                    refusals[server.slot] = str(error).removeprefix(f"{type(self).NAME}: ")
+                    self._balancer.refused(server, refusals[server.slot])
                     if len(refusals) == len(self._servers):
-                        raise self._refused_by_all(failures) from None
+                        raise self._refused_by_all(refusals) from None
                     left = server
                     continue
                 except BaseException:
                     self._balancer.abandoned(server)
                     if call.region_sent:
-                        self._retire(call)  # the request may still be answered into it
+                        # The request may still run there and write into the region.
+                        self._retire(call, in_use_on=server)
                     raise
                 return server, response, request
-        raise self._unavailable(attempts, time.monotonic() - start, failures)
+        raise self._unavailable(attempts, time.monotonic() - start, failures, refusals)
 
     def _attempt(self, server: Server, call: _Call) -> tuple[typing.Any, _Request]:
         """One attempt on one server: its configuration read (at the first), the region registered
@@ -547,7 +557,11 @@ class RemoteBinding(ModelBinding):
         )
 
     def _unavailable(
-        self, attempts: int, took: float, failures: Mapping[int, str]
+        self,
+        attempts: int,
+        took: float,
+        failures: Mapping[int, str],
+        refusals: Mapping[int, str],
     ) -> RemoteUnavailableError:
         name = type(self).NAME
         plural = "s" if attempts != 1 else ""
@@ -561,7 +575,9 @@ class RemoteBinding(ModelBinding):
                 f"{last}; nothing was written{hint}"
             )
         reasons = "; ".join(
-            f"{server.url}: "
+            refusals[server.slot]  # it names the server
+            if server.slot in refusals
+            else f"{server.url}: "
             + (
                 failures[server.slot]
                 if server.slot in failures
@@ -675,23 +691,27 @@ class RemoteBinding(ModelBinding):
             else:
                 self._pool.give_back(region)
 
-    def _retire(self, call: _Call) -> None:
+    def _retire(self, call: _Call, *, in_use_on: Server | None = None) -> None:
         """The call's region, which a request that got no answer used, is never used again; the
-        call takes a fresh one if it sends through shared memory again."""
+        call takes a fresh one if it sends through shared memory again. `in_use_on`: the server
+        that request may still be running on."""
         region = call.region
         assert region is not None
         call.region = None
         call.region_sent = False
         call.forget(region)
         self._pool.drop(region)
-        self._discard(region)
+        self._discard(region, in_use_on=in_use_on)
 
-    def _discard(self, region: Region) -> None:
+    def _discard(self, region: Region, *, in_use_on: Server | None = None) -> None:
         """Unregister a region no call will use from the servers it is registered with (those
-        out of rotation: once they are back), and free it."""
+        out of rotation: once they are back; `in_use_on`, where a request may still use it:
+        `timeout` seconds later), and free it here."""
         for slot in list(region.registered):
             server = self._servers[slot]
-            if not self._balancer.retire(server, region):
+            if server is in_use_on:
+                self._balancer.defer(server, region, self.timeout)
+            elif not self._balancer.retire(server, region):
                 try:
                     region.unregister(server.client, server.headers, min(self.timeout, 2.0))
                 except Exception:

@@ -235,6 +235,7 @@ class _StandInTriton:
         self.calls: list[tuple[str, str]] = []
         self.register_after_deadline = False
         self.infer_fault: BaseException | None = None
+        self.serves_the_model = True
 
     def _error(self, text: str, status: str) -> Exception:
         from tritonclient.utils import InferenceServerException
@@ -242,6 +243,11 @@ class _StandInTriton:
         return InferenceServerException(text, status=f"StatusCode.{status}")
 
     def get_model_config(self, model_name: str, **_: Any) -> dict[str, Any]:
+        if not self.serves_the_model:
+            raise self._error(
+                f"Request for unknown model: '{model_name}' is not found", "NOT_FOUND"
+            )
+
         def tensors(wires: Any) -> list[dict[str, Any]]:
             return [
                 {
@@ -272,6 +278,12 @@ class _StandInTriton:
         self.calls.append(("infer", ""))
         assert self.infer_fault is not None, "the stand-in answers no request"
         raise self.infer_fault
+
+    def is_server_ready(self, **_: Any) -> bool:
+        return True
+
+    def is_model_ready(self, model_name: str, **_: Any) -> bool:
+        return self.serves_the_model
 
     def close(self) -> None:
         pass
@@ -322,23 +334,71 @@ def test_a_request_cut_short_in_the_client_retires_its_region() -> None:
     out = EdgeScores.allocate(20, zero=True)
     out.score.fill_(-1.0)
     before = bytes(out.buffer.numpy())
-    with EdgeClassifier.remote(["127.0.0.1:1", "127.0.0.1:2"], shared_memory=True) as remote:
+    urls = ["127.0.0.1:1", "127.0.0.1:2"]
+    for wait in (True, False):
+        remote = EdgeClassifier.remote(urls, shared_memory=True, timeout=0.3)
         stand_ins = _with_stand_ins(remote)
         for stand_in in stand_ins:
             stand_in.infer_fault = ClientFault("interrupted while waiting for the answer")
         with pytest.raises(ClientFault):
             remote(nodes, edges, out=out)
-        # The request left with the region: the server may still answer into it, so no later
-        # call gets it. It is unregistered and freed.
+        # The request left with the region: the server may still run it and answer into it, so
+        # no later call gets it, and it stays registered there for the request's time limit
+        # (unregistering a region in use fails, or worse, on some Triton versions).
         (used,) = [s for s in stand_ins if ("infer", "") in s.calls]
         (name,) = [name for kind, name in used.calls if kind == "register"]
-        assert used.calls[-1] == ("unregister", name) and used.regions == set()
-        assert remote._pool.all == []
-        assert not list(Path("/dev/shm").glob(f"{name}*"))
+        assert remote._pool.all == [] and not list(Path("/dev/shm").glob(f"{name}*"))
+        assert used.regions == {name} and used.calls[-1] == ("infer", "")
         counters = remote.servers
         assert sum(c.errors for c in counters.values()) == 1
         assert all(c.healthy and c.outstanding == 0 for c in counters.values())
+        if wait:  # then unregistered by the balancer
+            deadline = time.monotonic() + 10
+            while used.regions and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert used.calls[-1] == ("unregister", name) and used.regions == set()
+        remote.close()  # or by close(), where it comes first
+        assert used.regions == set() and used.calls.count(("unregister", name)) == 1
     assert bytes(out.buffer.numpy()) == before
+
+
+def test_later_rounds_skip_a_server_that_refused_the_binding() -> None:
+    pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    nodes, edges = _event(10, 20, 6)
+    out = EdgeScores.allocate(20, zero=True)
+    urls = ["127.0.0.1:1", "127.0.0.1:2"]
+    local = EdgeClassifier(build_model())
+    for fallback in (None, local):
+        remote = EdgeClassifier.remote(
+            urls, shared_memory=False, retries=2, probe_interval=60, fallback=fallback
+        )
+        refusing, down = _with_stand_ins(remote)
+        refusing.serves_the_model = False
+        down.infer_fault = InferenceServerException(
+            "failed to connect to all addresses", status="StatusCode.UNAVAILABLE"
+        )
+        if fallback is None:
+            with pytest.raises(RemoteUnavailableError) as caught:
+                remote(nodes, edges, out=out)
+            message = str(caught.value)
+            assert "none of its 2 Triton servers answered (4 attempts in" in message
+            assert (
+                "the server at 127.0.0.1:1 does not serve 'EdgeClassifier': Request for unknown "
+                "model" in message
+            ), message
+            assert "127.0.0.1:2: failed to connect to all addresses" in message
+            assert message.count("127.0.0.1:1") == 1
+        else:
+            remote(nodes, edges, out=out)
+            assert remote.stats.fallbacks == 1
+            assert torch.equal(out.score, _expected(local, nodes, edges))
+        # The refusing server was tried once; every round went to the other.
+        counters = remote.servers
+        assert (counters[urls[0]].sent, counters[urls[1]].sent) == (1, 3)
+        assert counters[urls[0]].errors == 1 and counters[urls[1]].failed == 3
+        remote.close()
 
 
 def test_remote_takes_several_urls_each_once() -> None:
