@@ -25,7 +25,9 @@ one is, so that calls go to the others and it comes back once it passes a probe.
 Registrations. Shared-memory regions are registered with each server separately (`generation`
 counts the times a server may have forgotten them: each transient failure); a region that is no
 longer used while it is registered with a server out of rotation is unregistered there once that
-server is back in rotation (`stale`), by the probing thread.
+server is back in rotation (`stale`), by the probing thread; one a request may still be using
+there (the call was cut short in the client) is unregistered after the request's time limit
+(`deferred`, `defer`).
 
 Importing this module imports nothing heavy; it talks to servers only through the functions it is
 given.
