@@ -37,8 +37,8 @@ puts the outputs back as they were and drops the graph; a capture that fails (a 
 for the device: `.item()`, `if` on a tensor, shapes that depend on values) raises
 `GraphCaptureError`, outputs untouched, and the binding refuses its later captures alike. Running
 out of device memory while capturing is raised as it is (`torch.OutOfMemoryError`), not held
-against the model: a later call captures again (after `OUT_OF_MEMORY_REFUSAL` in a row, the
-binding refuses too). A first call made while the caller's stream is
+against the model: a later call captures again. The `OUT_OF_MEMORY_REFUSAL`-th such capture in a
+row raises `GraphCaptureError` instead, and the binding refuses its later captures. A first call made while the caller's stream is
 itself being captured (inside `torch.cuda.graph`) raises `GraphCaptureError` for that call alone:
 captures do not nest.
 
@@ -407,7 +407,8 @@ class CallGraphs:
                 f"{cls.NAME}: {binding._backend.description} on {device} ran out of device memory "
                 f"in {self._out_of_memory} captures in a row: {lines[0] if lines else ''}; "
                 f"nothing was written, and this binding's later calls that need a capture are "
-                f"refused alike. Free device memory, or create the binding with graphs=False"
+                f"refused alike. Free device memory and create the binding anew, or create it "
+                f"with graphs=False"
             ) from error
         # torch's CUDA errors; the model's own errors pass as they are
         except RuntimeError as error:
@@ -553,8 +554,9 @@ class CudaCapturer:
         self._sides: OrderedDict[Hashable, tuple[torch.cuda.Stream, typing.Any]] = OrderedDict()
         # Each pool's anchor (see `_anchored_pool`), by stream.
         self._anchors: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # Captures that failed to end (see `_abandon`); each binding adds at most a few (one
-        # refused capture, or `OUT_OF_MEMORY_REFUSAL` of them).
+        # Captures that failed to end (see `_abandon`): a binding adds one at most with the
+        # capture it is refused for, and one for each that ran out of memory (fewer than
+        # `OUT_OF_MEMORY_REFUSAL` in a row).
         self._abandoned: list[torch.cuda.CUDAGraph] = []
         # The raw handle of a GPU's current stream: what Inductor's generated code asks torch
         # for, without a Stream object per call (looked up at the first call: CUDA builds only).

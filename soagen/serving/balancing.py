@@ -26,7 +26,7 @@ Registrations. Shared-memory regions are registered with each server separately 
 counts the times a server may have forgotten them: each transient failure); a region that is no
 longer used while it is registered with a server out of rotation is unregistered there once that
 server is back in rotation (`stale`), by the probing thread; one a request may still be using
-there (the call was cut short in the client) is unregistered after the request's time limit
+there (it got no answer) is unregistered there only after the client's deadline for it
 (`deferred`, `defer`).
 
 Importing this module imports nothing heavy; it talks to servers only through the functions it is
@@ -132,6 +132,7 @@ class Balancer:
         self.lock = threading.Condition()
         self._cursor = 0  # where the round-robin among equally loaded servers goes on
         self._prober: threading.Thread | None = None
+        self._timers: set[threading.Timer] = set()  # the waits of `defer` not over
         self._closed = False
 
     # The choice.
@@ -218,16 +219,18 @@ class Balancer:
             return True
 
     def defer(self, server: Server, region: typing.Any, seconds: float) -> None:
-        """`region` is no longer used, but a request on it may still run on `server` (the call
-        was cut short in the client): unregistered there `seconds` later (the request's own time
-        limit), or once the server is back if it is out then; `close()`'s caller takes what is
-        left in `server.deferred`."""
+        """`region` is no longer used, but a request on it that got no answer may still run on
+        `server`: unregistered there `seconds` later (the client's deadline for that request,
+        past which a server has most often answered or dropped it), or once the server is back
+        if it is out then. `close()` stops the waits; its caller unregisters what is left in
+        `server.deferred` (a region may be unregistered twice: the second finds nothing)."""
         with self.lock:
             if self._closed:
                 return
             server.deferred.append(region)
-        timer = threading.Timer(seconds, self._end_deferral, (server, region))
-        timer.daemon = True
+            timer = threading.Timer(seconds, self._end_deferral, (server, region))
+            timer.daemon = True
+            self._timers.add(timer)
         timer.start()
 
     def counters(self) -> list[ServerCounters]:
@@ -239,16 +242,20 @@ class Balancer:
         with self.lock:
             self._closed = True
             prober = self._prober
+            timers, self._timers = self._timers, set()
             self.lock.notify_all()
+        for timer in timers:
+            timer.cancel()  # a wait not over: its region is in `deferred` still
         if prober is not None and prober is not threading.current_thread() and timeout:
             prober.join(timeout)
 
     def _end_deferral(self, server: Server, region: typing.Any) -> None:
         with self.lock:
+            self._timers.discard(typing.cast(threading.Timer, threading.current_thread()))
             if self._closed or region not in server.deferred:
                 return
-            server.deferred.remove(region)
             if not server.healthy:
+                server.deferred.remove(region)
                 server.stale.append(region)  # the probing thread, which runs, unregisters it
                 self.lock.notify_all()
                 return
@@ -256,6 +263,10 @@ class Balancer:
             self._unregister(server, region)
         except Exception:
             pass  # the server lost it, or is gone: nothing left to free
+        with self.lock:
+            # Left in `deferred` until now, so that a `close()` meanwhile unregisters it too.
+            if region in server.deferred:
+                server.deferred.remove(region)
 
     # Health, and the probing thread.
 

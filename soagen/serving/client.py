@@ -66,8 +66,8 @@ declared datatype and exactly the output block's shape), so a failed call leaves
 collections as they were, and each call writes its outputs once: from one server's one validated
 response, or from the local fallback. A request that got no answer may still run on its server
 later, and write its outputs into its shared-memory region: that region is retired (never handed
-to a call again; unregistered from that server once it is back, or, where the call was cut short in
-the client, `timeout` seconds later) and the call takes a fresh one.
+to a call again; unregistered from that server `timeout` seconds later, the deadline it was given,
+or once the server is back if it is out then) and the call takes a fresh one.
 """
 
 from __future__ import annotations
@@ -484,7 +484,7 @@ class RemoteBinding(ModelBinding):
                     if call.region_sent:
                         # The server may still write this request's outputs into the region
                         # (a deadline passed, not the request): no later request reads it.
-                        self._retire(call)
+                        self._retire(call, in_use_on=server)
                     left = server
                     continue
                 except RemoteConfigurationError as error:

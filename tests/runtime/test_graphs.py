@@ -519,15 +519,26 @@ def test_running_out_of_memory_while_capturing_is_raised_as_it_is_and_not_held_a
         torch.testing.assert_close(scores.block("scores"), linear(points.block("features")))
 
 
-def test_running_out_of_memory_at_every_capture_becomes_a_refusal(mlp: ModuleType) -> None:
+def test_running_out_of_memory_in_captures_in_a_row_becomes_a_refusal(mlp: ModuleType) -> None:
     class OutOfMemory(RerunCapturer):
+        free = False  # whether the next capture finds the memory it needs
+
         def capture(self, device: Any, stream: Hashable, run: Callable[[], object]) -> Rerun:
+            if self.free:
+                return super().capture(device, stream, run)
             self.captures += 1
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
     capturer = OutOfMemory()
     model = graphed(mlp.HitMlp, nn.Linear(4, 2), capturer)
     points, scores = hits(mlp, 50, seed=1), mlp.HitScores.allocate(50)
+    # A capture that succeeds between them starts the count again.
+    for _ in range(OUT_OF_MEMORY_REFUSAL - 1):
+        with pytest.raises(torch.OutOfMemoryError):
+            model(points, out=scores)
+    capturer.free = True
+    model(points, out=mlp.HitScores.allocate(50))
+    capturer.free = False
     for _ in range(OUT_OF_MEMORY_REFUSAL - 1):
         with pytest.raises(torch.OutOfMemoryError):
             model(points, out=scores)
@@ -538,7 +549,7 @@ def test_running_out_of_memory_at_every_capture_becomes_a_refusal(mlp: ModuleTyp
             r"a row: CUDA out of memory.*graphs=False$",
         ):
             model(points, out=scores)
-    assert capturer.captures == OUT_OF_MEMORY_REFUSAL
+    assert capturer.captures == 2 * OUT_OF_MEMORY_REFUSAL
 
 
 def test_a_call_needing_a_capture_inside_another_capture_is_refused_that_once(

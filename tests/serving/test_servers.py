@@ -222,6 +222,48 @@ def test_a_region_no_call_uses_is_unregistered_now_or_once_its_server_is_back() 
     balancer.close()
 
 
+def test_a_region_a_request_may_still_use_waits_for_its_deadline() -> None:
+    unregistered: list[tuple[int, str]] = []
+    servers = [Server(slot, f"127.0.0.1:{9000 + slot}", None, None, False) for slot in range(2)]
+    balancer = Balancer(
+        servers,
+        probe_interval=60,
+        probe=lambda server: None,
+        unregister=lambda server, region: unregistered.append((server.slot, region)),
+    )
+    up, down = servers
+
+    def settled() -> None:
+        deadline = time.monotonic() + 10
+        while balancer._timers and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
+
+    # In rotation when the wait is over: unregistered then, not before.
+    balancer.defer(up, "region-a", 0.2)
+    assert up.deferred == ["region-a"] and unregistered == []
+    settled()
+    assert unregistered == [(0, "region-a")] and up.deferred == []
+    # Out of rotation then: kept until the server is back, as a failed server's regions are.
+    balancer.failed(balancer.pick({0}, first=True), "down")
+    balancer.defer(down, "region-b", 0.1)
+    settled()
+    assert down.stale == ["region-b"] and down.deferred == [] and len(unregistered) == 1
+    with balancer.lock:  # an attempt sent to it before it failed ...
+        down.outstanding += 1
+    balancer.answered(down, accepted=True)  # ... is answered: back in rotation
+    deadline = time.monotonic() + 10
+    while len(unregistered) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert unregistered[1:] == [(1, "region-b")] and down.stale == []
+    # close() stops the waits: what is left in `deferred` is its caller's to unregister.
+    balancer.defer(up, "region-c", 0.2)
+    balancer.close()
+    time.sleep(0.4)
+    assert up.deferred == ["region-c"] and len(unregistered) == 2
+    assert balancer._timers == set()
+
+
 class _StandInTriton:
     """Triton's gRPC client as far as a remote binding uses it, over no server: a
     shared-memory manager that takes each name once (a second registration is ALREADY_EXISTS,
@@ -336,7 +378,7 @@ def test_a_request_cut_short_in_the_client_retires_its_region() -> None:
     before = bytes(out.buffer.numpy())
     urls = ["127.0.0.1:1", "127.0.0.1:2"]
     for wait in (True, False):
-        remote = EdgeClassifier.remote(urls, shared_memory=True, timeout=0.3)
+        remote = EdgeClassifier.remote(urls, shared_memory=True, timeout=1.0)
         stand_ins = _with_stand_ins(remote)
         for stand_in in stand_ins:
             stand_in.infer_fault = ClientFault("interrupted while waiting for the answer")
@@ -357,8 +399,10 @@ def test_a_request_cut_short_in_the_client_retires_its_region() -> None:
             while used.regions and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert used.calls[-1] == ("unregister", name) and used.regions == set()
-        remote.close()  # or by close(), where it comes first
+        remote.close()  # or by close(), where it comes first: the wait ends with it
         assert used.regions == set() and used.calls.count(("unregister", name)) == 1
+        time.sleep(0.0 if wait else 1.5)
+        assert used.calls.count(("unregister", name)) == 1
     assert bytes(out.buffer.numpy()) == before
 
 
