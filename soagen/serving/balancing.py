@@ -26,8 +26,8 @@ Registrations. Shared-memory regions are registered with each server separately 
 counts the times a server may have forgotten them: each transient failure); a region that is no
 longer used while it is registered with a server out of rotation is unregistered there once that
 server is back in rotation (`stale`), by the probing thread; one a request may still be using
-there (it got no answer) is unregistered there only after the client's deadline for it
-(`deferred`, `defer`).
+there (it got no answer) is unregistered there only the request's deadline (`timeout`) after the
+call gave up on it, or once the server is back if it is out then (`deferred`, `defer`).
 
 Importing this module imports nothing heavy; it talks to servers only through the functions it is
 given.
@@ -238,7 +238,9 @@ class Balancer:
             return [server.counters() for server in self.servers]
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop probing (waiting at most `timeout` seconds for a probe in progress)."""
+        """Stop probing (waiting at most `timeout` seconds for a probe in progress) and the waits of
+        `defer`: their regions stay in `deferred`, and with those in `stale` are the caller's to
+        unregister."""
         with self.lock:
             self._closed = True
             prober = self._prober

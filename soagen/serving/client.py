@@ -706,7 +706,8 @@ class RemoteBinding(ModelBinding):
     def _discard(self, region: Region, *, in_use_on: Server | None = None) -> None:
         """Unregister a region no call will use from the servers it is registered with (those
         out of rotation: once they are back; `in_use_on`, where a request may still use it:
-        `timeout` seconds later), and free it here."""
+        `timeout` seconds later), and free it here: at once, but for GPU memory `in_use_on` may
+        still write into, which goes with the pool."""
         for slot in list(region.registered):
             server = self._servers[slot]
             if server is in_use_on:
@@ -717,7 +718,10 @@ class RemoteBinding(ModelBinding):
                 except Exception:
                     pass  # a server that lost it has nothing to unregister
         region.registered.clear()
-        region.destroy()
+        if in_use_on is not None and region.device is not None:
+            self._pool.keep_until_destroyed(region)  # the server may still write into it
+        else:
+            region.destroy()  # a server's mapping of host memory outlives its name
 
     def _register(self, server: Server, region: Region) -> bool:
         """Register the region with the server (once per server lifetime); False if the server

@@ -192,6 +192,8 @@ class RegionPool:
         self.prefix = f"soagen_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         self.free: list[Region] = []
         self.all: list[Region] = []
+        # GPU regions no call uses that a server may still write into (`keep_until_destroyed`).
+        self.unfreed: list[Region] = []
         self.lock = threading.Lock()
 
     def take(self, size: int, device: torch.device | None) -> tuple[Region, Region | None]:
@@ -228,6 +230,12 @@ class RegionPool:
             if region in self.all:
                 self.all.remove(region)
 
+    def keep_until_destroyed(self, region: Region) -> None:
+        """Free `region` only with the pool: a server may still write into its GPU memory through
+        its IPC mapping, and memory freed now could be this process's again by then."""
+        with self.lock:
+            self.unfreed.append(region)
+
     def drop_free_on_gpus(self) -> list[Region]:
         """Forget the free CUDA regions and return them (the caller destroys them)."""
         with self.lock:
@@ -239,7 +247,7 @@ class RegionPool:
 
 def destroy_pool(pool: RegionPool) -> None:
     with pool.lock:
-        regions, pool.all, pool.free = pool.all, [], []
+        regions, pool.all, pool.free, pool.unfreed = [*pool.all, *pool.unfreed], [], [], []
     for region in regions:
         region.destroy()
 

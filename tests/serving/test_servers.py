@@ -233,21 +233,20 @@ def test_a_region_a_request_may_still_use_waits_for_its_deadline() -> None:
     )
     up, down = servers
 
-    def settled() -> None:
+    def settled(server: Server) -> None:
         deadline = time.monotonic() + 10
-        while balancer._timers and time.monotonic() < deadline:
+        while (balancer._timers or server.deferred) and time.monotonic() < deadline:
             time.sleep(0.005)
-        time.sleep(0.05)
 
     # In rotation when the wait is over: unregistered then, not before.
     balancer.defer(up, "region-a", 0.2)
     assert up.deferred == ["region-a"] and unregistered == []
-    settled()
+    settled(up)
     assert unregistered == [(0, "region-a")] and up.deferred == []
     # Out of rotation then: kept until the server is back, as a failed server's regions are.
     balancer.failed(balancer.pick({0}, first=True), "down")
     balancer.defer(down, "region-b", 0.1)
-    settled()
+    settled(down)
     assert down.stale == ["region-b"] and down.deferred == [] and len(unregistered) == 1
     with balancer.lock:  # an attempt sent to it before it failed ...
         down.outstanding += 1
@@ -404,6 +403,25 @@ def test_a_request_cut_short_in_the_client_retires_its_region() -> None:
         time.sleep(0.0 if wait else 1.5)
         assert used.calls.count(("unregister", name)) == 1
     assert bytes(out.buffer.numpy()) == before
+
+
+def test_gpu_memory_a_request_may_still_write_into_is_freed_with_the_pool() -> None:
+    pytest.importorskip("tritonclient.grpc")
+    with EdgeClassifier.remote(["127.0.0.1:1", "127.0.0.1:2"], shared_memory=True) as remote:
+        stand_in, _ = _with_stand_ins(remote)
+        server = remote._servers[0]
+        host, gpu = (remote._take_region(4096, torch.device("cpu")) for _ in range(2))
+        gpu.device = torch.device("cuda", 0)  # stands for a CUDA region: its destroy frees it
+        for region in (host, gpu):
+            assert remote._register(server, region)
+            remote._pool.drop(region)
+            remote._discard(region, in_use_on=server)
+        # Host memory goes at once (the server keeps its own mapping); GPU memory stays until
+        # the pool goes, at close(), where a late answer would land in memory still the region's.
+        assert not Path(f"/dev/shm/{host.name}").exists()
+        assert Path(f"/dev/shm/{gpu.name}").exists() and remote._pool.unfreed == [gpu]
+        assert stand_in.regions == {host.name, gpu.name}  # both wait for their deadline
+    assert not Path(f"/dev/shm/{gpu.name}").exists() and stand_in.regions == set()
 
 
 def test_later_rounds_skip_a_server_that_refused_the_binding() -> None:
@@ -894,7 +912,8 @@ def test_a_request_answered_after_its_deadline_writes_into_no_later_call(
     """A server that runs a request after its caller gave up (the deadline passed) still writes
     the outputs into the call's shared-memory region. That region is retired: the call goes on to
     another server with a fresh one, and no later call is handed the old one; the slow server is
-    probed back into rotation, and the retired region unregistered there."""
+    probed back into rotation, and the retired region unregistered there once the deadline has
+    passed once more (the request may still be running)."""
     proxy, remote = _held_first(fleet, 0, 1, late=True, timeout=1.5, retries=0, probe_interval=0.2)
     slow, other = remote.urls
     served = fleet.served
@@ -914,13 +933,15 @@ def test_a_request_answered_after_its_deadline_writes_into_no_later_call(
         prefix = remote._pool.prefix
         assert len(list(Path("/dev/shm").glob(f"{prefix}*"))) == 1  # the retired one is gone
         deadline = time.monotonic() + 30
-        while (not remote.servers[slow].healthy or remote._servers[0].stale) and (
+        waiting = remote._servers[0]
+        while (not waiting.healthy or waiting.stale or waiting.deferred) and (
             time.monotonic() < deadline
         ):
             time.sleep(0.01)
         assert remote.servers[slow].healthy and remote.servers[slow].probes >= 1
         pooled = {region.name for region in remote._pool.all}
-        # The prober takes the retired region off `stale`, then unregisters it outside its lock.
+        # The balancer takes the retired region off its lists, then unregisters it outside its
+        # lock.
         registered = set(_registered(served[0].url, served[0].token, prefix))
         while not registered <= pooled and time.monotonic() < deadline:
             time.sleep(0.01)
