@@ -377,12 +377,12 @@ def test_the_least_recently_used_graph_is_dropped_and_freed(
     model = graphed(gnn.EdgeClassifier, net, capturer, cache_size=2)
     nodes, edges = event(gnn, 30, 100, seed=1)
     a, b, c = (gnn.EdgeScores.allocate(100) for _ in range(3))
-    for out in (a, b, a, c):  # a was used after b: b goes when c comes
+    for out in (a, b, a, c):  # a is checked at its second call; b, never checked, goes for c
         model(nodes, edges, out=out)
     assert len(model._graphs) == 2 and capturer.captures == 3
     assert capturer.alive() == [True, False, True]  # a, b, c: nothing holds b's graph
     model(nodes, edges, out=a)  # replayed
-    model(nodes, edges, out=b)  # captured again; c is now the least recently used
+    model(nodes, edges, out=b)  # captured again; c, never checked, goes first
     assert capturer.captures == 4 and capturer.alive() == [True, False, False, True]
     for out in (a, b, c):
         assert torch.equal(out.score, eager_scores(gnn, net, nodes, edges))
