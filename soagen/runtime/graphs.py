@@ -38,20 +38,20 @@ for the device: `.item()`, `if` on a tensor, shapes that depend on values) raise
 `GraphCaptureError`, outputs untouched, and the binding refuses its later captures alike. Running
 out of device memory while capturing is raised as it is (`torch.OutOfMemoryError`), not held
 against the model: a later call captures again. The `OUT_OF_MEMORY_REFUSAL`-th such capture in a
-row raises `GraphCaptureError` instead, and the binding refuses its later captures. A first call made while the caller's stream is
-itself being captured (inside `torch.cuda.graph`) raises `GraphCaptureError` for that call alone:
-captures do not nest.
+row raises `GraphCaptureError` instead, and the binding refuses its later captures. A first call
+made while the caller's stream is itself being captured (inside `torch.cuda.graph`) raises
+`GraphCaptureError` for that call alone: captures do not nest.
 
 AOT packages run through AOTInductor's single-threaded entry point (`AotBackend.single_threaded`):
 the thread-aware one records a CUDA event at each run and queries it at the next, and an event
 recorded during a capture cannot be queried. The binding calls a package only under the lock.
 
-From the third call of a key: the key, the model's training flag (a module back in training mode goes to
-the eager run, which refuses it as a plain call does, instead of being replayed in eval mode), and
-`graph.replay()`. From the second call with the same collection objects, the binding's call plan
-(`planned_call`) holds their part of the key and skips the binding's checks of them: what is left
-per call is their buffers' addresses (a wrapped tensor's storage can move), the caller's stream,
-the lookup, the flag and the replay.
+From the third call of a key: the key, the model's training flag (a module back in training mode
+goes to the eager run, which refuses it as a plain call does, instead of being replayed in eval
+mode), and `graph.replay()`. From the second call with the same collection objects, the
+binding's call plan (`planned_call`) holds their part of the key and skips the binding's checks of
+them: what is left per call is their buffers' addresses (a wrapped tensor's storage can move), the
+caller's stream, the lookup, the flag and the replay.
 
 Memory: each binding keeps at most `graph_cache_size` graphs (8 by default): those not yet
 checked at a second call dropped first (but the one just captured), then the least recently used,
@@ -402,20 +402,18 @@ class CallGraphs:
             self._out_of_memory += 1
             if self._out_of_memory < OUT_OF_MEMORY_REFUSAL:
                 raise
-            lines = str(error).strip().splitlines()
             raise GraphCaptureError(
                 f"{cls.NAME}: {binding._backend.description} on {device} ran out of device memory "
-                f"in {self._out_of_memory} captures in a row: {lines[0] if lines else ''}; "
+                f"in {self._out_of_memory} captures in a row: {_first_line(error)}; "
                 f"nothing was written, and this binding's later calls that need a capture are "
                 f"refused alike. Free device memory and create the binding anew, or create it "
                 f"with graphs=False"
             ) from error
         # torch's CUDA errors; the model's own errors pass as they are
         except RuntimeError as error:
-            lines = str(error).strip().splitlines()
             raise GraphCaptureError(
                 f"{cls.NAME}: {binding._backend.description} on {device} cannot be captured into "
-                f"a CUDA graph: {type(error).__name__}: {lines[0] if lines else ''}. A model that "
+                f"a CUDA graph: {type(error).__name__}: {_first_line(error)}. A model that "
                 f"waits for the GPU during its call (.item(), .tolist(), .cpu(), bool() or `if` on "
                 f"a tensor, printing one, shapes that depend on values such as nonzero() or "
                 f"boolean-mask indexing) cannot be; nothing was written, and this binding's later "
@@ -512,6 +510,10 @@ class _Graph:
     def __init__(self, graph: Replayable, runner: object) -> None:
         self.replay = graph.replay
         self._held = (graph, runner)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def _placement(collection: Collection) -> Hashable:

@@ -256,10 +256,8 @@ class Balancer:
             self._timers.discard(typing.cast(threading.Timer, threading.current_thread()))
             if self._closed or region not in server.deferred:
                 return
-            if not server.healthy:
+            if self.retire(server, region):  # out of rotation: unregistered once it is back
                 server.deferred.remove(region)
-                server.stale.append(region)  # the probing thread, which runs, unregisters it
-                self.lock.notify_all()
                 return
         try:
             self._unregister(server, region)

@@ -33,8 +33,8 @@ PyTriton's server guards registration with its access token (`access_token=`, wh
 writes to `--token-file`; a mapping of URL to token where servers differ); when registration is
 refused, or the server cannot open the region (it runs in another container, say), a client that
 asked for shared memory by default (`None`) sends that server the blocks in the request instead, and
-one that asked for it (`True`) takes the server as refusing the binding (below). A refused CUDA region is not an error: that call's blocks go
-in the request, and later calls use host memory.
+one that asked for it (`True`) takes the server as refusing the binding (below). A refused CUDA
+region is not an error: that call's blocks go in the request, and later calls use host memory.
 
 Several servers. `remote([url, url, ...])` spreads calls over several servers
 (`soagen.serving.balancing`): each attempt goes to the server in rotation with the fewest requests
